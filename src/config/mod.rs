@@ -1,0 +1,269 @@
+//! Configuration of a gate: the three per-rank settings of SPEC §5 and the
+//! engine capacity their defaults follow.
+//!
+//! Every setting is independent. An explicit setting (from the builder, the
+//! environment or the command line) is fixed for the life of the gate; a
+//! setting left unset follows the engine's reported capacity and changes when
+//! the engine reports again.
+
+use std::fmt;
+use std::num::NonZeroUsize;
+
+/// Per-rank default for both engine limits until the engine reports its capacity.
+pub const DEFAULT_ENGINE_LIMIT: usize = 10_000;
+/// Per-rank default queue limit until the engine reports its capacity.
+pub const DEFAULT_QUEUE_LIMIT: usize = 2 * DEFAULT_ENGINE_LIMIT;
+
+/// What the engine says about itself: how many sequences one data-parallel
+/// rank runs at once, and how many ranks there are.
+///
+/// Defaults that follow the engine are derived from it: both engine limits
+/// are `max_num_seqs` per rank, the queue limit `2 × max_num_seqs` per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EngineCapacity {
+    /// The engine's `max_num_seqs`: sequences one rank batches at once.
+    pub max_num_seqs: usize,
+    /// Number of data-parallel ranks; ranks are numbered `0..dp_ranks`.
+    pub dp_ranks: usize,
+}
+
+impl EngineCapacity {
+    /// A capacity report of `max_num_seqs` per rank over `dp_ranks` ranks.
+    pub fn new(max_num_seqs: usize, dp_ranks: usize) -> Self {
+        EngineCapacity {
+            max_num_seqs,
+            dp_ranks,
+        }
+    }
+
+    /// Why this report cannot be used, if it cannot: a report of zero ranks or
+    /// zero sequences describes an engine that can run nothing, which is far
+    /// more likely a bug in the reporter than the truth.
+    pub(crate) fn invalid_reason(&self) -> Option<&'static str> {
+        if self.dp_ranks == 0 {
+            Some("dp_ranks is 0")
+        } else if self.max_num_seqs == 0 {
+            Some("max_num_seqs is 0")
+        } else {
+            None
+        }
+    }
+}
+
+/// The configuration of a [`Gate`](crate::Gate).
+///
+/// `AdmissionConfig::default()` (or [`new`](Self::new)) leaves every setting
+/// to follow the engine. Settings given here are explicit and never change
+/// when the engine reports a new capacity.
+///
+/// ```
+/// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+///
+/// let config = AdmissionConfig::new()
+///     .engine_request_waiting_limit(12) // sized with Little's law
+///     .capacity(EngineCapacity::new(256, 2));
+/// let gate = Gate::new(config);
+/// assert_eq!(gate.limits().engine_request_limit, 256); // follows the engine
+/// assert_eq!(gate.limits().engine_request_waiting_limit, 12); // explicit
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct AdmissionConfig {
+    pub(crate) engine_request_limit: Option<NonZeroUsize>,
+    pub(crate) engine_request_waiting_limit: Option<NonZeroUsize>,
+    pub(crate) request_queue_limit: Option<usize>,
+    pub(crate) capacity: Option<EngineCapacity>,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics_prefix: Option<String>,
+}
+
+impl fmt::Debug for AdmissionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("AdmissionConfig");
+        d.field("engine_request_limit", &self.engine_request_limit)
+            .field(
+                "engine_request_waiting_limit",
+                &self.engine_request_waiting_limit,
+            )
+            .field("request_queue_limit", &self.request_queue_limit)
+            .field("capacity", &self.capacity);
+        #[cfg(feature = "metrics")]
+        d.field("metrics_prefix", &self.metrics_prefix);
+        d.finish()
+    }
+}
+
+impl AdmissionConfig {
+    /// A configuration where every setting follows the engine.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the engine request limit per rank: admitted requests whose
+    /// response has not ended.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0: a gate that can admit nothing is a configuration error.
+    #[track_caller]
+    pub fn engine_request_limit(mut self, n: usize) -> Self {
+        self.engine_request_limit = Some(positive("engine_request_limit", n));
+        self
+    }
+
+    /// Sets the engine request waiting limit per rank: admitted requests that
+    /// have produced neither a first token nor a completion.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    #[track_caller]
+    pub fn engine_request_waiting_limit(mut self, n: usize) -> Self {
+        self.engine_request_waiting_limit =
+            Some(positive("engine_request_waiting_limit", n));
+        self
+    }
+
+    /// Sets the request queue limit per rank. `0` disables queueing: a request
+    /// that cannot enter the engine at once is rejected.
+    pub fn request_queue_limit(mut self, n: usize) -> Self {
+        self.request_queue_limit = Some(n);
+        self
+    }
+
+    /// The engine's capacity, if it is known when the gate is built. Without
+    /// it the gate assumes one rank of 10000 sequences and treats every
+    /// request as unranked until [`Gate::report_capacity`](crate::Gate::report_capacity).
+    ///
+    /// A report of zero ranks or zero sequences is ignored with a warning,
+    /// as it is when reported later.
+    pub fn capacity(mut self, capacity: EngineCapacity) -> Self {
+        match capacity.invalid_reason() {
+            Some(reason) => tracing::warn!(
+                ?capacity,
+                "ignoring engine capacity report: {reason}"
+            ),
+            None => self.capacity = Some(capacity),
+        }
+        self
+    }
+
+    /// The prefix of every metric name (`<prefix>_<suffix>`); default
+    /// `admission`. `dynamo_backend_admission` gives the names of the source
+    /// system.
+    #[cfg(feature = "metrics")]
+    pub fn metrics_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.metrics_prefix = Some(prefix.into());
+        self
+    }
+
+    /// The explicit engine request limit, if one was set.
+    pub fn explicit_engine_request_limit(&self) -> Option<usize> {
+        self.engine_request_limit.map(NonZeroUsize::get)
+    }
+
+    /// The explicit engine request waiting limit, if one was set.
+    pub fn explicit_engine_request_waiting_limit(&self) -> Option<usize> {
+        self.engine_request_waiting_limit.map(NonZeroUsize::get)
+    }
+
+    /// The explicit request queue limit, if one was set.
+    pub fn explicit_request_queue_limit(&self) -> Option<usize> {
+        self.request_queue_limit
+    }
+
+    /// The per-rank limits this configuration gives for an engine capacity
+    /// (or, with `None`, before the engine has reported).
+    pub fn limits_for(&self, capacity: Option<EngineCapacity>) -> Limits {
+        let seqs = capacity.map_or(DEFAULT_ENGINE_LIMIT, |c| c.max_num_seqs);
+        Limits {
+            engine_request_limit: self.explicit_engine_request_limit().unwrap_or(seqs),
+            engine_request_waiting_limit: self
+                .explicit_engine_request_waiting_limit()
+                .unwrap_or(seqs),
+            request_queue_limit: self
+                .request_queue_limit
+                .unwrap_or_else(|| seqs.saturating_mul(2)),
+        }
+    }
+}
+
+#[track_caller]
+fn positive(setting: &str, n: usize) -> NonZeroUsize {
+    match NonZeroUsize::new(n) {
+        Some(n) => n,
+        None => panic!("invalid {setting}: 0 (an engine limit must be a positive integer)"),
+    }
+}
+
+/// The effective limits of one data-parallel rank. The combined capacity of a
+/// worker is `ranks ×` each of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Admitted requests whose response has not ended.
+    pub engine_request_limit: usize,
+    /// Admitted requests without a first token or completion yet.
+    pub engine_request_waiting_limit: usize,
+    /// Requests waiting in the gate's queue.
+    pub request_queue_limit: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_engine_until_set() {
+        let config = AdmissionConfig::new();
+        assert_eq!(
+            config.limits_for(None),
+            Limits {
+                engine_request_limit: 10_000,
+                engine_request_waiting_limit: 10_000,
+                request_queue_limit: 20_000
+            }
+        );
+        assert_eq!(
+            config.limits_for(Some(EngineCapacity::new(64, 2))),
+            Limits {
+                engine_request_limit: 64,
+                engine_request_waiting_limit: 64,
+                request_queue_limit: 128
+            }
+        );
+    }
+
+    #[test]
+    fn overriding_an_engine_limit_does_not_change_the_queue_default() {
+        let config = AdmissionConfig::new().engine_request_limit(5);
+        let limits = config.limits_for(Some(EngineCapacity::new(64, 1)));
+        assert_eq!(limits.engine_request_limit, 5);
+        assert_eq!(limits.engine_request_waiting_limit, 64);
+        assert_eq!(limits.request_queue_limit, 128);
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid engine_request_limit: 0")]
+    fn a_zero_engine_request_limit_panics_naming_the_setting() {
+        let _ = AdmissionConfig::new().engine_request_limit(0);
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid engine_request_waiting_limit: 0")]
+    fn a_zero_waiting_limit_panics_naming_the_setting() {
+        let _ = AdmissionConfig::new().engine_request_waiting_limit(0);
+    }
+
+    #[test]
+    fn a_zero_queue_limit_is_valid() {
+        let config = AdmissionConfig::new().request_queue_limit(0);
+        assert_eq!(config.limits_for(None).request_queue_limit, 0);
+    }
+
+    #[test]
+    fn an_empty_capacity_report_is_ignored() {
+        let config = AdmissionConfig::new()
+            .capacity(EngineCapacity::new(0, 2))
+            .capacity(EngineCapacity::new(8, 0));
+        assert_eq!(config.capacity, None);
+    }
+}

@@ -1,0 +1,42 @@
+//! First-token detectors: when does a response's *waiting* end?
+//!
+//! The engine request waiting limit (SPEC §2) counts admitted requests that
+//! have produced neither a first generated token nor a completion. Interim
+//! metadata — response headers, SSE comments and keep-alives, an OpenAI
+//! chunk with only a role or empty content, gRPC headers — must not end
+//! waiting. A [`FirstTokenDetector`] looks at the response head and then at
+//! every data frame of one response, and says where the first generated token
+//! is.
+//!
+//! Three detectors ship with the crate:
+//!
+//! * [`AnyData`] (the default): the first non-empty data frame.
+//! * [`OpenAiSse`]: OpenAI-compatible chat and completion event streams.
+//! * [`Grpc`]: the first complete length-prefixed gRPC message.
+//!
+//! Every detector must accept frames split at any byte, keep bounded memory,
+//! and never panic, whatever the bytes.
+
+mod any_data;
+
+pub use self::any_data::AnyData;
+
+/// Decides, for one response, where waiting ends.
+///
+/// The layer clones the configured detector for each request (so `Clone`
+/// should be cheap: configuration, not buffers), shows it the response head,
+/// then feeds it every data frame in order until it reports the first token.
+/// It is never called again after that.
+pub trait FirstTokenDetector: Clone + Send + 'static {
+    /// Called once with the response head, before any data frame. A detector
+    /// can, for example, tell a streaming SSE answer from a plain JSON one.
+    fn on_response(&mut self, head: &http::response::Parts) {
+        let _ = head;
+    }
+
+    /// Called with each data frame, in order. Returns `Some(n)` when the first
+    /// generated token is complete within this frame, `n` being the number of
+    /// bytes of `data` up to and including the byte that completed it;
+    /// `None` while waiting goes on.
+    fn on_data(&mut self, data: &[u8]) -> Option<usize>;
+}

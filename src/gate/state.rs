@@ -1,0 +1,753 @@
+//! The sans-IO admission state machine (SPEC §2, §3, §5 capacity changes).
+//!
+//! `State` knows nothing of futures, locks, clocks or HTTP. It takes events —
+//! an arrival, a first token, the end of a response, a cancellation, a
+//! capacity report — and answers with decisions: admitted, queued under a
+//! [`Ticket`], or rejected with a [`RejectionScope`]. Queued requests that
+//! become admitted are *offered*: they hold their engine capacity from that
+//! moment, and the driver (the [`Gate`](crate::Gate)) learns of them through
+//! [`State::take_offered`] and wakes whoever waits on them.
+//!
+//! # Accounting
+//!
+//! Capacity is counted in *buckets*: one per data-parallel rank and one for
+//! unranked requests. The combined capacity of the worker is `ranks ×` each
+//! per-rank limit, and `total` is always the sum of the active buckets.
+//!
+//! A ranked request must fit its rank's limits **and** the combined capacity;
+//! an unranked request only the combined capacity. Queue space follows the
+//! same two rules.
+//!
+//! # Invariants (checked by the model test below)
+//!
+//! * `total` equals the sum of every active bucket's counts.
+//! * After every event, no queue head fits the engine: whatever capacity is
+//!   free has been offered to the oldest queued request that fits. Hence a
+//!   newcomer can never take capacity a waiter could use, and "direct
+//!   admission only when the queue is empty" is the FIFO rule.
+//! * Counts only exceed a limit after the limit shrank (a capacity report
+//!   never revokes held capacity).
+//!
+//! # Extension points
+//!
+//! Every request currently costs one engine request slot and one waiting
+//! slot ([`Demand`]); every queue is FIFO by arrival ([`Fifo`]). A later
+//! token budget extends `Demand` and the fit test; a queue ordered by class
+//! or deadline replaces `Fifo` behind the same `push`/`head`/`unlink` calls.
+
+use slab::Slab;
+
+use crate::config::{AdmissionConfig, EngineCapacity, Limits};
+use crate::{AdmitSource, Counts, RejectionScope};
+
+/// Identifies a queued request while it waits.
+pub(crate) type Ticket = usize;
+
+/// Which capacity a request is counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BucketKey {
+    Unranked,
+    Rank(u32),
+}
+
+/// Where a grant's capacity is counted. The generation tells a grant made on
+/// a rank that has since vanished (its counts moved to the unranked bucket)
+/// from one made on the same rank number after it reappeared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    bucket: BucketKey,
+    generation: u32,
+}
+
+/// Engine capacity one request needs. One of each today; a token budget
+/// would add prompt tokens here.
+#[derive(Debug, Clone, Copy)]
+struct Demand {
+    engine_requests: usize,
+    engine_waiting: usize,
+}
+
+const ONE_REQUEST: Demand = Demand {
+    engine_requests: 1,
+    engine_waiting: 1,
+};
+
+/// Capacity held by one admitted request. Dropping a `Grant` without
+/// passing it to [`State::finish`] leaks its capacity: the driver wraps it in
+/// an RAII type.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    held: Held,
+    rank: Option<u32>,
+    source: AdmitSource,
+    holds_request: bool,
+    holds_waiting: bool,
+}
+
+impl Grant {
+    /// The rank the request was admitted on (`None` when unranked).
+    pub(crate) fn rank(&self) -> Option<u32> {
+        self.rank
+    }
+
+    pub(crate) fn source(&self) -> AdmitSource {
+        self.source
+    }
+
+    /// Whether the grant still holds waiting capacity.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.holds_waiting
+    }
+
+    /// Whether the grant still holds anything.
+    pub(crate) fn is_released(&self) -> bool {
+        !self.holds_request && !self.holds_waiting
+    }
+}
+
+/// The gate's answer to an arrival.
+#[derive(Debug)]
+pub(crate) enum Arrival {
+    /// Admitted at once; the grant holds its capacity.
+    Admitted(Grant),
+    /// Waiting in a queue. Poll it with [`State::poll`], cancel it with
+    /// [`State::cancel`].
+    Queued(Ticket),
+    /// Rejected; the queue was full.
+    Rejected(RejectionScope),
+}
+
+/// The state of a queued request, as seen by its waiter.
+#[derive(Debug)]
+pub(crate) enum Polled {
+    /// Admitted from the queue; the ticket is spent.
+    Admitted(Grant),
+    /// Still queued.
+    Waiting,
+}
+
+/// How requests of one bucket have ended. Sums over buckets give the worker's
+/// totals. `received = admitted_direct + admitted_queue + rejected + cancelled
+/// + (queued or offered right now)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Requests that arrived.
+    pub received: u64,
+    /// Requests admitted at arrival.
+    pub admitted_direct: u64,
+    /// Requests admitted from the queue.
+    pub admitted_queue: u64,
+    /// Requests rejected with [`RejectionScope::Rank`].
+    pub rejected_rank: u64,
+    /// Requests rejected with [`RejectionScope::Worker`].
+    pub rejected_worker: u64,
+    /// Requests cancelled while queued (including a cancellation that won a
+    /// race against an admission offer).
+    pub cancelled: u64,
+}
+
+impl Tally {
+    /// All admissions, from both sources.
+    pub fn admitted(&self) -> u64 {
+        self.admitted_direct + self.admitted_queue
+    }
+
+    /// All rejections, of both scopes.
+    pub fn rejected(&self) -> u64 {
+        self.rejected_rank + self.rejected_worker
+    }
+
+    /// Requests that have reached their end state.
+    pub fn settled(&self) -> u64 {
+        self.admitted() + self.rejected() + self.cancelled
+    }
+
+    fn add(&mut self, other: &Tally) {
+        self.received += other.received;
+        self.admitted_direct += other.admitted_direct;
+        self.admitted_queue += other.admitted_queue;
+        self.rejected_rank += other.rejected_rank;
+        self.rejected_worker += other.rejected_worker;
+        self.cancelled += other.cancelled;
+    }
+}
+
+/// A FIFO queue threaded through the entry slab: O(1) push, pop and unlink
+/// of any entry.
+#[derive(Debug, Default, Clone, Copy)]
+struct Fifo {
+    head: Option<Ticket>,
+    tail: Option<Ticket>,
+}
+
+#[derive(Debug, Default)]
+struct Bucket {
+    counts: Counts,
+    queue: Fifo,
+    tally: Tally,
+    generation: u32,
+}
+
+#[derive(Debug)]
+enum Status {
+    Queued { prev: Option<Ticket>, next: Option<Ticket> },
+    Offered(Grant),
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    /// Arrival order across all queues; lower is older.
+    seq: u64,
+    bucket: BucketKey,
+    status: Status,
+    payload: T,
+}
+
+/// The admission state of one worker. `T` is what the driver keeps with each
+/// queued request (the `Gate` keeps a waker).
+#[derive(Debug)]
+pub(crate) struct State<T> {
+    config: AdmissionConfig,
+    capacity: Option<EngineCapacity>,
+    limits: Limits,
+    /// Ranks currently recognised; 1 (and nothing recognised) until reported.
+    active_ranks: usize,
+    /// Every rank ever reported; `ranks[active_ranks..]` are vanished, kept
+    /// for their generation counter.
+    ranks: Vec<Bucket>,
+    unranked: Bucket,
+    total: Counts,
+    entries: Slab<Entry<T>>,
+    next_seq: u64,
+    /// Tickets offered since the driver last looked.
+    offered: Vec<Ticket>,
+}
+
+impl<T> State<T> {
+    pub(crate) fn new(config: AdmissionConfig) -> Self {
+        let capacity = config.capacity;
+        let mut state = State {
+            limits: config.limits_for(capacity),
+            config,
+            capacity: None,
+            active_ranks: 1,
+            ranks: Vec::new(),
+            unranked: Bucket::default(),
+            total: Counts::default(),
+            entries: Slab::new(),
+            next_seq: 0,
+            offered: Vec::new(),
+        };
+        if let Some(capacity) = capacity {
+            state.report_capacity(capacity);
+        }
+        state
+    }
+
+    // ----- events -------------------------------------------------------
+
+    /// A request arrives, asking for `rank` (`None`, or a rank this worker
+    /// does not recognise, makes it unranked).
+    pub(crate) fn arrive(&mut self, rank: Option<u32>, payload: T) -> Arrival {
+        let bucket = self.recognise(rank);
+        self.bucket_mut(bucket).tally.received += 1;
+        let queue_empty = self.bucket(bucket).queue.head.is_none();
+        if queue_empty && self.engine_fits(bucket, ONE_REQUEST) {
+            let grant = self.charge(bucket, ONE_REQUEST, AdmitSource::Direct);
+            self.bucket_mut(bucket).tally.admitted_direct += 1;
+            return Arrival::Admitted(grant);
+        }
+        if self.queue_fits(bucket) {
+            return Arrival::Queued(self.enqueue(bucket, payload));
+        }
+        let scope = self.rejection_scope(bucket);
+        let tally = &mut self.bucket_mut(bucket).tally;
+        match scope {
+            RejectionScope::Rank(_) => tally.rejected_rank += 1,
+            RejectionScope::Worker => tally.rejected_worker += 1,
+        }
+        Arrival::Rejected(scope)
+    }
+
+    /// The waiter of `ticket` looks at its request. An offered admission is
+    /// handed over (and counted as admitted) exactly once.
+    ///
+    /// `ticket` must be live: returned by `arrive` and neither cancelled nor
+    /// handed over yet.
+    pub(crate) fn poll(&mut self, ticket: Ticket) -> Polled {
+        if !matches!(self.entries[ticket].status, Status::Offered(_)) {
+            return Polled::Waiting;
+        }
+        let entry = self.entries.remove(ticket);
+        self.shrink_if_idle();
+        let Status::Offered(grant) = entry.status else {
+            unreachable!("checked above")
+        };
+        self.bucket_of_held_mut(grant.held).tally.admitted_queue += 1;
+        Polled::Admitted(grant)
+    }
+
+    /// The request of a live `ticket` is cancelled. Still queued, it leaves
+    /// its queue; already offered, the cancellation wins: the offered
+    /// capacity is released and passes on to the next waiter. Either way the
+    /// request counts as cancelled.
+    pub(crate) fn cancel(&mut self, ticket: Ticket) {
+        let entry = self.entries.remove(ticket);
+        match entry.status {
+            Status::Queued { prev, next } => {
+                self.unlink(entry.bucket, prev, next);
+                self.bucket_mut(entry.bucket).counts.queued -= 1;
+                self.total.queued -= 1;
+                self.bucket_mut(entry.bucket).tally.cancelled += 1;
+            }
+            Status::Offered(mut grant) => {
+                self.bucket_of_held_mut(grant.held).tally.cancelled += 1;
+                self.release(&mut grant, true);
+            }
+        }
+        self.shrink_if_idle();
+    }
+
+    /// The request produced its first generated token: its waiting capacity
+    /// is released (once; later calls do nothing).
+    pub(crate) fn first_token(&mut self, grant: &mut Grant) {
+        self.release(grant, false);
+    }
+
+    /// The request's response ended (normally, with an error, or dropped):
+    /// whatever the grant still holds is released.
+    pub(crate) fn finish(&mut self, grant: &mut Grant) {
+        self.release(grant, true);
+    }
+
+    /// The engine reports its capacity. Defaults follow it; explicit
+    /// settings do not. Growth admits queued requests at once; shrinking
+    /// revokes nothing. Queued requests of a vanished rank become unranked in
+    /// age order, and capacity held on it moves to the unranked bucket.
+    ///
+    /// Returns `false` (and changes nothing) for a report of zero ranks or
+    /// zero sequences.
+    pub(crate) fn report_capacity(&mut self, capacity: EngineCapacity) -> bool {
+        if let Some(reason) = capacity.invalid_reason() {
+            tracing::warn!(?capacity, "ignoring engine capacity report: {reason}");
+            return false;
+        }
+        let ranks = capacity.dp_ranks.min(u32::MAX as usize);
+        let previously = if self.capacity.is_some() {
+            self.active_ranks
+        } else {
+            0
+        };
+        self.capacity = Some(capacity);
+        self.limits = self.config.limits_for(Some(capacity));
+        if ranks > self.ranks.len() {
+            self.ranks.resize_with(ranks, Bucket::default);
+        }
+        for rank in ranks..previously {
+            self.retire_rank(rank as u32);
+        }
+        self.active_ranks = ranks;
+        self.dequeue();
+        true
+    }
+
+    // ----- observation --------------------------------------------------
+
+    /// Visits the payload of every request offered an admission since the
+    /// last call, so the driver can wake its waiter.
+    pub(crate) fn drain_offered(&mut self, mut visit: impl FnMut(&mut T)) {
+        for ticket in self.offered.drain(..) {
+            // An offered entry stays in the slab until polled or cancelled,
+            // and neither can happen before the driver drains.
+            visit(&mut self.entries[ticket].payload);
+        }
+    }
+
+    /// The rank a live ticket's request is counted under.
+    pub(crate) fn ticket_rank(&self, ticket: Ticket) -> Option<u32> {
+        match &self.entries[ticket].status {
+            Status::Offered(grant) => self.grant_rank(grant),
+            Status::Queued { .. } => match self.entries[ticket].bucket {
+                BucketKey::Unranked => None,
+                BucketKey::Rank(rank) => Some(rank),
+            },
+        }
+    }
+
+    /// The rank a grant's capacity is counted under now (`None` once its
+    /// rank vanished, or when unranked).
+    pub(crate) fn grant_rank(&self, grant: &Grant) -> Option<u32> {
+        match self.current_bucket(grant.held) {
+            BucketKey::Unranked => None,
+            BucketKey::Rank(rank) => Some(rank),
+        }
+    }
+
+    /// Counts of the bucket requests for `rank` are counted under.
+    pub(crate) fn counts_of(&self, rank: Option<u32>) -> Counts {
+        self.bucket(self.recognise(rank)).counts
+    }
+
+    /// The payload of a live ticket.
+    pub(crate) fn payload_mut(&mut self, ticket: Ticket) -> &mut T {
+        &mut self.entries[ticket].payload
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub(crate) fn capacity(&self) -> Option<EngineCapacity> {
+        self.capacity
+    }
+
+    /// The ranks currently recognised (0 before the first report).
+    pub(crate) fn recognised_ranks(&self) -> usize {
+        if self.capacity.is_some() {
+            self.active_ranks
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn total(&self) -> Counts {
+        self.total
+    }
+
+    pub(crate) fn unranked_counts(&self) -> Counts {
+        self.unranked.counts
+    }
+
+    pub(crate) fn rank_counts(&self) -> impl Iterator<Item = Counts> + '_ {
+        self.active_buckets().map(|bucket| bucket.counts)
+    }
+
+    pub(crate) fn unranked_tally(&self) -> Tally {
+        self.unranked.tally
+    }
+
+    /// Tallies of every rank ever recognised, active or vanished.
+    pub(crate) fn rank_tallies(&self) -> impl Iterator<Item = Tally> + '_ {
+        self.ranks.iter().map(|bucket| bucket.tally)
+    }
+
+    pub(crate) fn tally(&self) -> Tally {
+        let mut tally = self.unranked.tally;
+        for bucket in &self.ranks {
+            tally.add(&bucket.tally);
+        }
+        tally
+    }
+
+    /// Queued requests plus offers not yet handed over.
+    pub(crate) fn pending(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The rank a request for `rank` is counted under right now.
+    pub(crate) fn recognised(&self, rank: Option<u32>) -> Option<u32> {
+        match self.recognise(rank) {
+            BucketKey::Unranked => None,
+            BucketKey::Rank(rank) => Some(rank),
+        }
+    }
+
+    // ----- internals ----------------------------------------------------
+
+    fn recognise(&self, rank: Option<u32>) -> BucketKey {
+        match rank {
+            Some(rank) if self.capacity.is_some() && (rank as usize) < self.active_ranks => {
+                BucketKey::Rank(rank)
+            }
+            _ => BucketKey::Unranked,
+        }
+    }
+
+    fn bucket(&self, key: BucketKey) -> &Bucket {
+        match key {
+            BucketKey::Unranked => &self.unranked,
+            BucketKey::Rank(rank) => &self.ranks[rank as usize],
+        }
+    }
+
+    fn bucket_mut(&mut self, key: BucketKey) -> &mut Bucket {
+        match key {
+            BucketKey::Unranked => &mut self.unranked,
+            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
+        }
+    }
+
+    /// The worker's total and a bucket's counts, to change both alike.
+    fn total_and(&mut self, key: BucketKey) -> [&mut Counts; 2] {
+        let bucket = match key {
+            BucketKey::Unranked => &mut self.unranked,
+            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
+        };
+        [&mut self.total, &mut bucket.counts]
+    }
+
+    fn active_buckets(&self) -> impl Iterator<Item = &Bucket> + '_ {
+        self.ranks.iter().take(if self.capacity.is_some() {
+            self.active_ranks
+        } else {
+            0
+        })
+    }
+
+    /// The bucket a grant's capacity is counted in now: its own rank's, or
+    /// the unranked one if that rank vanished since.
+    fn current_bucket(&self, held: Held) -> BucketKey {
+        match held.bucket {
+            BucketKey::Rank(rank)
+                if (rank as usize) < self.active_ranks
+                    && self.ranks[rank as usize].generation == held.generation =>
+            {
+                held.bucket
+            }
+            _ => BucketKey::Unranked,
+        }
+    }
+
+    fn bucket_of_held_mut(&mut self, held: Held) -> &mut Bucket {
+        let key = self.current_bucket(held);
+        self.bucket_mut(key)
+    }
+
+    fn combined(&self, per_rank: usize) -> usize {
+        per_rank.saturating_mul(self.active_ranks)
+    }
+
+    fn engine_fits(&self, key: BucketKey, demand: Demand) -> bool {
+        let limits = self.limits;
+        let fits = |counts: &Counts, requests: usize, waiting: usize| {
+            counts.engine_requests + demand.engine_requests <= requests
+                && counts.engine_waiting + demand.engine_waiting <= waiting
+        };
+        let combined_fits = fits(
+            &self.total,
+            self.combined(limits.engine_request_limit),
+            self.combined(limits.engine_request_waiting_limit),
+        );
+        combined_fits
+            && match key {
+                BucketKey::Unranked => true,
+                BucketKey::Rank(_) => fits(
+                    &self.bucket(key).counts,
+                    limits.engine_request_limit,
+                    limits.engine_request_waiting_limit,
+                ),
+            }
+    }
+
+    fn queue_fits(&self, key: BucketKey) -> bool {
+        let limit = self.limits.request_queue_limit;
+        self.total.queued < self.combined(limit)
+            && match key {
+                BucketKey::Unranked => true,
+                BucketKey::Rank(_) => self.bucket(key).counts.queued < limit,
+            }
+    }
+
+    /// Could a request of this bucket be admitted or queued right now?
+    fn accepts(&self, key: BucketKey) -> bool {
+        (self.bucket(key).queue.head.is_none() && self.engine_fits(key, ONE_REQUEST))
+            || self.queue_fits(key)
+    }
+
+    /// A rejection names the rank while the worker could still admit or
+    /// queue some other request; otherwise the whole worker is overloaded.
+    /// Unranked rejections are always worker-scoped.
+    fn rejection_scope(&self, rejected: BucketKey) -> RejectionScope {
+        let BucketKey::Rank(rank) = rejected else {
+            return RejectionScope::Worker;
+        };
+        let others_accept = self.accepts(BucketKey::Unranked)
+            || (0..self.recognised_ranks() as u32)
+                .filter(|&other| other != rank)
+                .any(|other| self.accepts(BucketKey::Rank(other)));
+        if others_accept {
+            RejectionScope::Rank(rank)
+        } else {
+            RejectionScope::Worker
+        }
+    }
+
+    /// Counts `demand` against `key` and returns the grant holding it.
+    fn charge(&mut self, key: BucketKey, demand: Demand, source: AdmitSource) -> Grant {
+        for counts in self.total_and(key) {
+            counts.engine_requests += demand.engine_requests;
+            counts.engine_waiting += demand.engine_waiting;
+        }
+        let (rank, generation) = match key {
+            BucketKey::Unranked => (None, 0),
+            BucketKey::Rank(rank) => (Some(rank), self.ranks[rank as usize].generation),
+        };
+        Grant {
+            held: Held {
+                bucket: key,
+                generation,
+            },
+            rank,
+            source,
+            holds_request: true,
+            holds_waiting: true,
+        }
+    }
+
+    /// Releases the waiting capacity of `grant`, and with `finished` its
+    /// request capacity too; whatever was already released is not released
+    /// again. Freed capacity goes to the queue at once.
+    fn release(&mut self, grant: &mut Grant, finished: bool) {
+        let waiting = std::mem::take(&mut grant.holds_waiting);
+        let request = finished && std::mem::take(&mut grant.holds_request);
+        if !waiting && !request {
+            return;
+        }
+        let key = self.current_bucket(grant.held);
+        for counts in self.total_and(key) {
+            counts.engine_waiting -= usize::from(waiting);
+            counts.engine_requests -= usize::from(request);
+        }
+        self.dequeue();
+    }
+
+    fn enqueue(&mut self, key: BucketKey, payload: T) -> Ticket {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let prev = self.bucket(key).queue.tail;
+        let ticket = self.entries.insert(Entry {
+            seq,
+            bucket: key,
+            status: Status::Queued { prev, next: None },
+            payload,
+        });
+        match prev {
+            Some(prev) => self.set_next(prev, Some(ticket)),
+            None => self.bucket_mut(key).queue.head = Some(ticket),
+        }
+        let bucket = self.bucket_mut(key);
+        bucket.queue.tail = Some(ticket);
+        bucket.counts.queued += 1;
+        self.total.queued += 1;
+        ticket
+    }
+
+    fn set_next(&mut self, ticket: Ticket, to: Option<Ticket>) {
+        if let Status::Queued { next, .. } = &mut self.entries[ticket].status {
+            *next = to;
+        }
+    }
+
+    fn set_prev(&mut self, ticket: Ticket, to: Option<Ticket>) {
+        if let Status::Queued { prev, .. } = &mut self.entries[ticket].status {
+            *prev = to;
+        }
+    }
+
+    /// Unlinks an entry (already taken out of the slab or about to change
+    /// status) from its bucket's queue, given its neighbours.
+    fn unlink(&mut self, key: BucketKey, prev: Option<Ticket>, next: Option<Ticket>) {
+        match prev {
+            Some(prev) => self.set_next(prev, next),
+            None => self.bucket_mut(key).queue.head = next,
+        }
+        match next {
+            Some(next) => self.set_prev(next, prev),
+            None => self.bucket_mut(key).queue.tail = prev,
+        }
+    }
+
+    /// Admits the oldest queued request that fits, while one does. Within a
+    /// queue every request needs the same capacity, so only queue heads can
+    /// be the oldest that fits.
+    fn dequeue(&mut self) {
+        while self.total.queued > 0 {
+            let mut oldest: Option<(u64, Ticket)> = None;
+            let heads = std::iter::once(BucketKey::Unranked).chain(
+                (0..self.recognised_ranks() as u32).map(BucketKey::Rank),
+            );
+            for key in heads {
+                let Some(head) = self.bucket(key).queue.head else {
+                    continue;
+                };
+                let seq = self.entries[head].seq;
+                if oldest.is_none_or(|(oldest, _)| seq < oldest)
+                    && self.engine_fits(key, ONE_REQUEST)
+                {
+                    oldest = Some((seq, head));
+                }
+            }
+            let Some((_, ticket)) = oldest else { break };
+            self.offer(ticket);
+        }
+    }
+
+    fn offer(&mut self, ticket: Ticket) {
+        let key = self.entries[ticket].bucket;
+        let Status::Queued { prev, next } = self.entries[ticket].status else {
+            unreachable!("only queued entries are offered")
+        };
+        self.unlink(key, prev, next);
+        self.bucket_mut(key).counts.queued -= 1;
+        self.total.queued -= 1;
+        let grant = self.charge(key, ONE_REQUEST, AdmitSource::Queue);
+        self.entries[ticket].status = Status::Offered(grant);
+        self.offered.push(ticket);
+    }
+
+    /// A rank vanished: capacity held on it and its queue move to the
+    /// unranked bucket; the queue merges into the unranked queue by age.
+    fn retire_rank(&mut self, rank: u32) {
+        let bucket = &mut self.ranks[rank as usize];
+        let counts = std::mem::take(&mut bucket.counts);
+        let queue = std::mem::take(&mut bucket.queue);
+        bucket.generation = bucket.generation.wrapping_add(1);
+        self.unranked.counts.engine_requests += counts.engine_requests;
+        self.unranked.counts.engine_waiting += counts.engine_waiting;
+        self.unranked.counts.queued += counts.queued;
+
+        // Collect both queues in order, then relink them merged.
+        let mut moved = self.collect(queue);
+        for &ticket in &moved {
+            self.entries[ticket].bucket = BucketKey::Unranked;
+        }
+        if moved.is_empty() {
+            return;
+        }
+        let mut merged = self.collect(self.unranked.queue);
+        merged.append(&mut moved);
+        merged.sort_by_key(|&ticket| self.entries[ticket].seq);
+        self.unranked.queue = Fifo::default();
+        for (i, &ticket) in merged.iter().enumerate() {
+            let prev = i.checked_sub(1).map(|i| merged[i]);
+            let next = merged.get(i + 1).copied();
+            self.entries[ticket].status = Status::Queued { prev, next };
+        }
+        self.unranked.queue = Fifo {
+            head: merged.first().copied(),
+            tail: merged.last().copied(),
+        };
+    }
+
+    fn collect(&self, queue: Fifo) -> Vec<Ticket> {
+        let mut tickets = Vec::new();
+        let mut cursor = queue.head;
+        while let Some(ticket) = cursor {
+            tickets.push(ticket);
+            cursor = match self.entries[ticket].status {
+                Status::Queued { next, .. } => next,
+                Status::Offered(_) => None,
+            };
+        }
+        tickets
+    }
+
+    /// Gives back the slab's memory once nothing waits, so a burst of queued
+    /// (or cancelled) requests does not pin its peak size for ever.
+    fn shrink_if_idle(&mut self) {
+        const KEEP: usize = 64;
+        if self.entries.is_empty() && self.entries.capacity() > KEEP {
+            self.entries = Slab::with_capacity(KEEP);
+        }
+    }
+}

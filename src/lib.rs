@@ -1,0 +1,52 @@
+//! Admission control for streaming LLM inference servers.
+//!
+//! A worker has one [`Gate`]. Before a request consumes engine capacity the
+//! gate decides whether to **admit** it now, **queue** it in a bounded FIFO,
+//! or **reject** it fast with an explicit overload answer, so that goodput —
+//! requests that meet their latency objectives — stays near capacity however
+//! hard the load pushes. Excess work waits outside the engine, never hidden
+//! inside it.
+//!
+//! Two engine limits and one queue apply per data-parallel rank:
+//!
+//! | setting | counts | released at |
+//! |---|---|---|
+//! | engine request limit | admitted requests whose response has not ended | end of the response stream |
+//! | engine request waiting limit | admitted requests without a first token yet | first generated token, or completion |
+//! | request queue limit | requests waiting outside the engine | admission, or cancellation while queued |
+//!
+//! ```
+//! use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+//!
+//! # futures::executor::block_on(async {
+//! let gate = Gate::new(AdmissionConfig::new());
+//! gate.report_capacity(EngineCapacity::new(256, 1)); // from the engine
+//! let mut permit = gate.acquire(None).await?; // Err(Overloaded) when full
+//! // ... stream the response; at the first generated token:
+//! permit.first_token();
+//! // ... when the response ends, the permit is dropped.
+//! # Ok::<_, tower_admission::Overloaded>(())
+//! # });
+//! ```
+//!
+//! Unranked requests (no rank, or one the engine has not reported) draw on
+//! the combined capacity of all ranks. A rank is only as trustworthy as
+//! whatever supplied it: take it from your router, not from end users.
+#![deny(missing_docs, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+#[cfg(feature = "http")]
+pub mod detect;
+mod gate;
+#[cfg(feature = "metrics")]
+mod metrics;
+
+pub use crate::config::{
+    AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, Limits,
+};
+pub use crate::gate::{
+    Acquire, AdmitSource, Counts, Gate, Overloaded, Permit, RejectionScope, Snapshot, Tally,
+};
+#[cfg(feature = "http")]
+pub use crate::detect::FirstTokenDetector;
