@@ -380,5 +380,3 @@ impl Drop for Acquire {
     }
 }
 
-#[cfg(test)]
-mod tests;
