@@ -751,3 +751,6 @@ impl<T> State<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,494 @@
+//! The state machine against a deliberately simple reference model.
+//!
+//! The model keeps a flat list of requests and recomputes every count by
+//! scanning it; "the oldest queued request that fits" is found by trying
+//! every queued request in arrival order. Random event sequences run through
+//! both, and after every event the decisions, the counts of every bucket,
+//! the tallies and the offers must agree.
+
+use proptest::prelude::*;
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    /// Holding capacity; `waiting` until the first token.
+    Admitted { waiting: bool },
+    Done,
+}
+
+#[derive(Debug, Clone)]
+struct ModelRequest {
+    seq: u64,
+    /// Counted under this rank, `None` when unranked.
+    bucket: Option<u32>,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+struct Model {
+    config: AdmissionConfig,
+    capacity: Option<EngineCapacity>,
+    requests: Vec<ModelRequest>,
+    tally: Tally,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    Admitted,
+    Queued,
+    Rejected(RejectionScope),
+}
+
+impl Model {
+    fn new(config: AdmissionConfig) -> Self {
+        Model {
+            capacity: config.capacity,
+            config,
+            requests: Vec::new(),
+            tally: Tally::default(),
+        }
+    }
+
+    fn ranks(&self) -> u32 {
+        self.capacity.map_or(0, |c| c.dp_ranks as u32)
+    }
+
+    fn combined_ranks(&self) -> usize {
+        self.capacity.map_or(1, |c| c.dp_ranks)
+    }
+
+    fn limits(&self) -> Limits {
+        self.config.limits_for(self.capacity)
+    }
+
+    /// Counts over every request (`None`) or over one bucket.
+    fn counts(&self, bucket: Option<Option<u32>>) -> Counts {
+        let mut counts = Counts::default();
+        for request in &self.requests {
+            if bucket.is_some_and(|bucket| bucket != request.bucket) {
+                continue;
+            }
+            match request.phase {
+                Phase::Queued => counts.queued += 1,
+                Phase::Admitted { waiting } => {
+                    counts.engine_requests += 1;
+                    counts.engine_waiting += usize::from(waiting);
+                }
+                Phase::Done => {}
+            }
+        }
+        counts
+    }
+
+    fn engine_fits(&self, bucket: Option<u32>) -> bool {
+        let limits = self.limits();
+        let n = self.combined_ranks();
+        let total = self.counts(None);
+        let combined = total.engine_requests < n * limits.engine_request_limit
+            && total.engine_waiting < n * limits.engine_request_waiting_limit;
+        let own = bucket.is_none() || {
+            let own = self.counts(Some(bucket));
+            own.engine_requests < limits.engine_request_limit
+                && own.engine_waiting < limits.engine_request_waiting_limit
+        };
+        combined && own
+    }
+
+    fn queue_fits(&self, bucket: Option<u32>) -> bool {
+        let limit = self.limits().request_queue_limit;
+        self.counts(None).queued < self.combined_ranks() * limit
+            && (bucket.is_none() || self.counts(Some(bucket)).queued < limit)
+    }
+
+    fn queue_empty(&self, bucket: Option<u32>) -> bool {
+        self.counts(Some(bucket)).queued == 0
+    }
+
+    fn accepts(&self, bucket: Option<u32>) -> bool {
+        (self.queue_empty(bucket) && self.engine_fits(bucket)) || self.queue_fits(bucket)
+    }
+
+    fn arrive(&mut self, rank: Option<u32>) -> (usize, Decision) {
+        let bucket = rank.filter(|&rank| rank < self.ranks());
+        self.tally.received += 1;
+        let seq = self.requests.len() as u64;
+        let decision = if self.queue_empty(bucket) && self.engine_fits(bucket) {
+            self.tally.admitted_direct += 1;
+            Decision::Admitted
+        } else if self.queue_fits(bucket) {
+            Decision::Queued
+        } else {
+            let others = self.accepts(None)
+                || (0..self.ranks())
+                    .filter(|&other| Some(other) != bucket)
+                    .any(|other| self.accepts(Some(other)));
+            let scope = match bucket {
+                Some(rank) if others => RejectionScope::Rank(rank),
+                _ => RejectionScope::Worker,
+            };
+            match scope {
+                RejectionScope::Rank(_) => self.tally.rejected_rank += 1,
+                RejectionScope::Worker => self.tally.rejected_worker += 1,
+            }
+            Decision::Rejected(scope)
+        };
+        let phase = match decision {
+            Decision::Admitted => Phase::Admitted { waiting: true },
+            Decision::Queued => Phase::Queued,
+            Decision::Rejected(_) => Phase::Done,
+        };
+        self.requests.push(ModelRequest { seq, bucket, phase });
+        (self.requests.len() - 1, decision)
+    }
+
+    /// Admits the oldest queued request that fits, while one does; returns
+    /// who was admitted, in order.
+    fn dequeue(&mut self) -> Vec<usize> {
+        let mut admitted = Vec::new();
+        loop {
+            let next = (0..self.requests.len())
+                .filter(|&id| self.requests[id].phase == Phase::Queued)
+                .filter(|&id| self.engine_fits(self.requests[id].bucket))
+                .min_by_key(|&id| self.requests[id].seq);
+            let Some(id) = next else { break };
+            self.requests[id].phase = Phase::Admitted { waiting: true };
+            admitted.push(id);
+        }
+        admitted
+    }
+
+    fn first_token(&mut self, id: usize) {
+        if let Phase::Admitted { .. } = self.requests[id].phase {
+            self.requests[id].phase = Phase::Admitted { waiting: false };
+        }
+    }
+
+    fn finish(&mut self, id: usize) {
+        self.requests[id].phase = Phase::Done;
+    }
+
+    fn report(&mut self, capacity: EngineCapacity) {
+        if capacity.dp_ranks == 0 || capacity.max_num_seqs == 0 {
+            return;
+        }
+        self.capacity = Some(capacity);
+        let ranks = self.ranks();
+        for request in &mut self.requests {
+            if request.bucket.is_some_and(|rank| rank >= ranks) {
+                request.bucket = None;
+            }
+        }
+    }
+
+    fn over_limits(&self) -> bool {
+        let limits = self.limits();
+        let over = |counts: Counts, scale: usize| {
+            counts.engine_requests > scale * limits.engine_request_limit
+                || counts.engine_waiting > scale * limits.engine_request_waiting_limit
+                || counts.queued > scale * limits.request_queue_limit
+        };
+        over(self.counts(None), self.combined_ranks())
+            || (0..self.ranks()).any(|rank| over(self.counts(Some(Some(rank))), 1))
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Arrive(Option<u32>),
+    /// The `n`th admitted request (modulo their number) sees a first token.
+    FirstToken(usize),
+    /// The `n`th admitted request's response ends.
+    Finish(usize),
+    /// The `n`th queued request is cancelled.
+    Cancel(usize),
+    Report(EngineCapacity),
+    /// The next offer is cancelled before its waiter polls.
+    CancelNextOffer,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let rank = prop_oneof![Just(None), (0u32..4).prop_map(Some), Just(Some(7))];
+    prop_oneof![
+        6 => rank.prop_map(Op::Arrive),
+        3 => any::<usize>().prop_map(Op::FirstToken),
+        3 => any::<usize>().prop_map(Op::Finish),
+        2 => any::<usize>().prop_map(Op::Cancel),
+        1 => (0usize..4, 0usize..4)
+            .prop_map(|(seqs, ranks)| Op::Report(EngineCapacity::new(seqs, ranks))),
+        1 => Just(Op::CancelNextOffer),
+    ]
+}
+
+fn config() -> impl Strategy<Value = AdmissionConfig> {
+    (
+        proptest::option::of(1usize..4),
+        proptest::option::of(1usize..4),
+        proptest::option::of(0usize..4),
+        proptest::option::of((1usize..4, 1usize..4)),
+    )
+        .prop_map(|(requests, waiting, queue, capacity)| {
+            let mut config = AdmissionConfig::new();
+            if let Some(n) = requests {
+                config = config.engine_request_limit(n);
+            }
+            if let Some(n) = waiting {
+                config = config.engine_request_waiting_limit(n);
+            }
+            if let Some(n) = queue {
+                config = config.request_queue_limit(n);
+            }
+            if let Some((seqs, ranks)) = capacity {
+                config = config.capacity(EngineCapacity::new(seqs, ranks));
+            }
+            config
+        })
+}
+
+/// The state under test, driven like the gate drives it, beside the model.
+struct Harness {
+    state: State<usize>,
+    model: Model,
+    tickets: Vec<Option<Ticket>>,
+    grants: Vec<Option<Grant>>,
+    cancel_next_offer: bool,
+    /// A shrinking report may leave counts above the new limits.
+    shrunk: bool,
+}
+
+impl Harness {
+    fn new(config: AdmissionConfig) -> Self {
+        Harness {
+            state: State::new(config.clone()),
+            model: Model::new(config),
+            tickets: Vec::new(),
+            grants: Vec::new(),
+            cancel_next_offer: false,
+            shrunk: false,
+        }
+    }
+
+    fn ids(&self, phase: impl Fn(Phase) -> bool) -> Vec<usize> {
+        (0..self.model.requests.len())
+            .filter(|&id| phase(self.model.requests[id].phase))
+            .collect()
+    }
+
+    /// Hands offers over to their waiters (or cancels them, as told), in
+    /// both the state and the model, until nothing more is admitted.
+    fn settle(&mut self) {
+        loop {
+            let expected = self.model.dequeue();
+            let mut offered = Vec::new();
+            self.state.drain_offered(|&mut id| offered.push(id));
+            assert_eq!(offered, expected, "offers differ");
+            if offered.is_empty() {
+                return;
+            }
+            for id in offered {
+                let ticket = self.tickets[id].take().expect("offered while queued");
+                if std::mem::take(&mut self.cancel_next_offer) {
+                    self.state.cancel(ticket);
+                    self.model.finish(id);
+                    self.model.tally.cancelled += 1;
+                } else {
+                    let Polled::Admitted(grant) = self.state.poll(ticket) else {
+                        panic!("an offered ticket polls as admitted");
+                    };
+                    self.model.tally.admitted_queue += 1;
+                    self.grants[id] = Some(grant);
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, op: Op) {
+        match op {
+            Op::Arrive(rank) => {
+                let (id, expected) = self.model.arrive(rank);
+                let arrival = self.state.arrive(rank, id);
+                self.tickets.push(None);
+                self.grants.push(None);
+                let decision = match arrival {
+                    Arrival::Admitted(grant) => {
+                        assert_eq!(grant.rank(), self.model.requests[id].bucket);
+                        self.grants[id] = Some(grant);
+                        Decision::Admitted
+                    }
+                    Arrival::Queued(ticket) => {
+                        assert!(matches!(self.state.poll(ticket), Polled::Waiting));
+                        self.tickets[id] = Some(ticket);
+                        Decision::Queued
+                    }
+                    Arrival::Rejected(scope) => Decision::Rejected(scope),
+                };
+                assert_eq!(decision, expected, "decision for a request of rank {rank:?}");
+            }
+            Op::FirstToken(n) => {
+                let admitted = self.ids(|phase| matches!(phase, Phase::Admitted { .. }));
+                if let Some(&id) = admitted.get(n % admitted.len().max(1)) {
+                    let grant = self.grants[id].as_mut().unwrap();
+                    self.state.first_token(grant);
+                    assert!(!grant.is_waiting());
+                    self.model.first_token(id);
+                }
+            }
+            Op::Finish(n) => {
+                let admitted = self.ids(|phase| matches!(phase, Phase::Admitted { .. }));
+                if let Some(&id) = admitted.get(n % admitted.len().max(1)) {
+                    let mut grant = self.grants[id].take().unwrap();
+                    self.state.finish(&mut grant);
+                    assert!(grant.is_released());
+                    self.state.finish(&mut grant); // a second end releases nothing
+                    self.state.first_token(&mut grant); // nor does a late token
+                    self.model.finish(id);
+                }
+            }
+            Op::Cancel(n) => {
+                let queued = self.ids(|phase| phase == Phase::Queued);
+                if let Some(&id) = queued.get(n % queued.len().max(1)) {
+                    self.state.cancel(self.tickets[id].take().unwrap());
+                    self.model.finish(id);
+                    self.model.tally.cancelled += 1;
+                }
+            }
+            Op::Report(capacity) => {
+                let before = self.model.limits();
+                let ranks_before = self.model.ranks();
+                self.state.report_capacity(capacity);
+                self.model.report(capacity);
+                let after = self.model.limits();
+                if after.engine_request_limit < before.engine_request_limit
+                    || after.engine_request_waiting_limit < before.engine_request_waiting_limit
+                    || after.request_queue_limit < before.request_queue_limit
+                    || self.model.ranks() < ranks_before
+                {
+                    self.shrunk = true;
+                }
+            }
+            Op::CancelNextOffer => self.cancel_next_offer = true,
+        }
+        self.settle();
+        self.check();
+    }
+
+    fn check(&mut self) {
+        let model = &self.model;
+        assert_eq!(self.state.total(), model.counts(None), "total counts");
+        assert_eq!(
+            self.state.unranked_counts(),
+            model.counts(Some(None)),
+            "unranked counts"
+        );
+        let ranks: Vec<Counts> = self.state.rank_counts().collect();
+        let expected: Vec<Counts> = (0..model.ranks())
+            .map(|rank| model.counts(Some(Some(rank))))
+            .collect();
+        assert_eq!(ranks, expected, "rank counts");
+        assert_eq!(self.state.tally(), model.tally, "tallies");
+        if model.over_limits() {
+            assert!(self.shrunk, "a limit was exceeded without a shrinking report");
+        } else {
+            self.shrunk = false;
+        }
+        for request in &model.requests {
+            if request.phase == Phase::Queued {
+                assert!(!model.engine_fits(request.bucket), "a queued request fits");
+            }
+        }
+    }
+
+    /// Ends every admitted request, letting the queue drain into the engine.
+    fn finish_everything(&mut self) {
+        while !self
+            .ids(|phase| matches!(phase, Phase::Admitted { .. }))
+            .is_empty()
+        {
+            self.step(Op::Finish(0));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn the_state_machine_agrees_with_the_reference_model(
+        config in config(),
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let mut harness = Harness::new(config);
+        for op in ops {
+            harness.step(op);
+        }
+        harness.finish_everything();
+        prop_assert_eq!(harness.state.total(), Counts::default());
+        prop_assert_eq!(harness.state.pending(), 0);
+        let tally = harness.state.tally();
+        prop_assert_eq!(tally.received, tally.settled());
+        prop_assert_eq!(
+            tally.received,
+            tally.admitted_direct + tally.admitted_queue + tally.rejected() + tally.cancelled
+        );
+    }
+}
+
+#[test]
+fn a_cancel_storm_gives_the_queue_memory_back() {
+    let mut state = State::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .request_queue_limit(100_000),
+    );
+    let Arrival::Admitted(mut holder) = state.arrive(None, 0) else {
+        panic!("the first request is admitted")
+    };
+    let idle = state.entries.capacity();
+    let tickets: Vec<Ticket> = (0..100_000)
+        .map(|id| match state.arrive(None, id) {
+            Arrival::Queued(ticket) => ticket,
+            other => panic!("expected queued, got {other:?}"),
+        })
+        .collect();
+    assert!(state.entries.capacity() >= 100_000);
+    // Cancel in a scattered order.
+    let mut order: Vec<usize> = (0..tickets.len()).collect();
+    order.sort_by_key(|&i| (i * 7919) % tickets.len());
+    for i in order {
+        state.cancel(tickets[i]);
+    }
+    assert_eq!(state.total().queued, 0);
+    assert!(state.entries.capacity() <= idle.max(64));
+    state.finish(&mut holder);
+    assert_eq!(state.tally().cancelled, 100_000);
+}
+
+#[test]
+fn unlinking_from_the_middle_keeps_the_queue_order() {
+    let mut state = State::new(AdmissionConfig::new().engine_request_limit(1));
+    let Arrival::Admitted(mut holder) = state.arrive(None, 0) else {
+        panic!("the first request is admitted")
+    };
+    let tickets: Vec<Ticket> = (1..=5)
+        .map(|id| match state.arrive(None, id) {
+            Arrival::Queued(ticket) => ticket,
+            other => panic!("expected queued, got {other:?}"),
+        })
+        .collect();
+    state.cancel(tickets[2]);
+    state.cancel(tickets[4]);
+    state.cancel(tickets[0]);
+    let mut order = Vec::new();
+    let mut remaining = vec![tickets[1], tickets[3]];
+    state.finish(&mut holder);
+    while !remaining.is_empty() {
+        state.drain_offered(|&mut id| order.push(id));
+        let ticket = remaining.remove(0);
+        let Polled::Admitted(mut grant) = state.poll(ticket) else {
+            panic!("offered in order")
+        };
+        state.finish(&mut grant);
+    }
+    assert_eq!(order, vec![2, 4]);
+}
