@@ -39,6 +39,8 @@ mod config;
 #[cfg(feature = "http")]
 pub mod detect;
 mod gate;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "metrics")]
 mod metrics;
 
@@ -50,3 +52,7 @@ pub use crate::gate::{
 };
 #[cfg(feature = "http")]
 pub use crate::detect::FirstTokenDetector;
+#[cfg(feature = "http")]
+pub use crate::http::{
+    Admission, AdmissionLayer, DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader,
+};

@@ -1,0 +1,605 @@
+//! The admission layer against a mock inner service, step by step: what
+//! reaches the inner service, in which order, what a rejected request
+//! receives, and when each piece of engine capacity comes back.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::Poll;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body as _, Frame};
+use http_body_util::{BodyExt, Empty, Full, StreamBody, combinators::UnsyncBoxBody};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_test::{assert_pending, assert_ready, assert_ready_err, assert_ready_ok, task};
+use tower::{BoxError, Layer};
+use tower_admission::http::{Admission, ResponseBody};
+use tower_admission::{
+    AdmissionConfig, AdmissionLayer, Counts, DataParallelRank, EngineCapacity, Gate, RankExtension,
+    RankHeader,
+};
+use tower_test::mock;
+
+type Body = UnsyncBoxBody<Bytes, BoxError>;
+type Frames = mpsc::UnboundedSender<Result<Frame<Bytes>, BoxError>>;
+
+/// A response body whose frames the test sends one by one; closing the
+/// sender ends it.
+fn streaming_body() -> (Frames, Body) {
+    let (frames, rx) = mpsc::unbounded_channel();
+    (
+        frames,
+        StreamBody::new(UnboundedReceiverStream::new(rx)).boxed_unsync(),
+    )
+}
+
+fn empty_body() -> Body {
+    Empty::new()
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+fn data(bytes: &'static str) -> Result<Frame<Bytes>, BoxError> {
+    Ok(Frame::data(Bytes::from_static(bytes.as_bytes())))
+}
+
+/// One rank: `engine` requests at once, all of them may wait, `queue` more queued.
+fn gate(engine: usize, queue: usize) -> Gate {
+    Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(engine)
+            .engine_request_waiting_limit(engine)
+            .request_queue_limit(queue),
+    )
+}
+
+fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
+    Counts {
+        engine_requests,
+        engine_waiting,
+        queued,
+    }
+}
+
+fn request(path: &str) -> Request<()> {
+    Request::builder().uri(path).body(()).unwrap()
+}
+
+type Service = mock::Spawn<Admission<mock::Mock<Request<()>, Response<Body>>>>;
+type Handle = mock::Handle<Request<()>, Response<Body>>;
+type Respond = mock::SendResponse<Response<Body>>;
+
+fn service(gate: &Gate) -> (Service, Handle) {
+    let (inner, handle) = mock::pair();
+    (
+        mock::Spawn::new(AdmissionLayer::new(gate.clone()).layer(inner)),
+        handle,
+    )
+}
+
+/// Calls `service` with `req` after driving it to readiness.
+fn call<S, B>(service: &mut mock::Spawn<S>, req: Request<B>) -> task::Spawn<S::Future>
+where
+    S: tower::Service<Request<B>>,
+    S::Error: std::fmt::Debug,
+{
+    assert_ready_ok!(service.poll_ready());
+    task::spawn(service.call(req))
+}
+
+/// The next request the inner service received, with the means to answer it.
+fn next_request(handle: &mut Handle) -> (Request<()>, Respond) {
+    match handle.poll_request() {
+        Poll::Ready(Some(request)) => request,
+        _ => panic!("the inner service received no request"),
+    }
+}
+
+fn no_request(handle: &mut Handle) {
+    assert!(
+        handle.poll_request().is_pending(),
+        "the inner service received a request"
+    );
+}
+
+/// Polls the next frame of `body`.
+fn poll_frame<B: http_body::Body + Unpin>(
+    body: &mut B,
+) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    task::spawn(()).enter(|cx, _| Pin::new(&mut *body).poll_frame(cx))
+}
+
+#[tokio::test]
+async fn poll_ready_is_the_inner_services_readiness() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+
+    handle.allow(0);
+    assert_pending!(service.poll_ready());
+
+    handle.allow(1);
+    assert!(service.is_woken());
+    assert_ready_ok!(service.poll_ready());
+
+    // Readiness alone never reaches the gate.
+    assert_eq!(gate.snapshot().tally.received, 0);
+}
+
+#[tokio::test]
+async fn readiness_errors_pass_through_unchanged() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.send_error("inner service is gone");
+    let err = assert_ready_err!(service.poll_ready());
+    assert_eq!(err.to_string(), "inner service is gone");
+    assert_eq!(gate.snapshot().tally.received, 0);
+}
+
+#[tokio::test]
+async fn queued_requests_reach_the_inner_service_in_call_order() {
+    let gate = gate(1, 3);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(10);
+
+    let mut first = call(&mut service, request("/1"));
+    let mut second = call(&mut service, request("/2"));
+    let mut third = call(&mut service, request("/3"));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 2));
+
+    let (req, respond) = next_request(&mut handle);
+    assert_eq!(req.uri(), "/1");
+    no_request(&mut handle);
+    assert_pending!(second.poll());
+    assert_pending!(third.poll());
+
+    let (frames, body) = streaming_body();
+    respond.send_response(Response::new(body));
+    let response = assert_ready_ok!(first.poll());
+    // The first request ends; its capacity passes to the oldest waiter at
+    // once, before a newcomer can take it.
+    drop(frames);
+    let mut body = response.into_body();
+    assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
+    assert!(second.is_woken());
+    assert!(!third.is_woken());
+    let mut fourth = call(&mut service, request("/4"));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 2));
+
+    assert_pending!(second.poll());
+    let (req, respond) = next_request(&mut handle);
+    assert_eq!(req.uri(), "/2");
+    no_request(&mut handle);
+    respond.send_response(Response::new(empty_body()));
+    let _ = assert_ready_ok!(second.poll());
+
+    assert!(third.is_woken());
+    assert_pending!(third.poll());
+    assert_pending!(fourth.poll());
+    let (req, _respond) = next_request(&mut handle);
+    assert_eq!(req.uri(), "/3");
+    no_request(&mut handle);
+}
+
+#[tokio::test]
+async fn a_queued_request_holds_the_readied_inner_service_until_admitted() {
+    // The mock serves one call per `poll_ready`: the queued call must use the
+    // clone that was made ready, not the fresh one left in the service.
+    let gate = gate(1, 1);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(2);
+
+    let first = call(&mut service, request("/1"));
+    let mut second = call(&mut service, request("/2"));
+    let (_, respond) = next_request(&mut handle);
+    assert_pending!(second.poll());
+    no_request(&mut handle);
+    drop(first);
+    drop(respond);
+    assert!(second.is_woken());
+    assert_pending!(second.poll());
+    let (req, _) = next_request(&mut handle);
+    assert_eq!(req.uri(), "/2");
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).map(|value| value.to_str().unwrap())
+}
+
+async fn body_json(body: ResponseBody<Body>) -> serde_json::Value {
+    let bytes = body.collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn a_full_worker_answers_529_with_worker_scope() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(2);
+
+    let _admitted = call(&mut service, request("/1"));
+    let mut rejected = call(&mut service, request("/2"));
+    let response = assert_ready_ok!(rejected.poll());
+
+    // The inner service saw only the admitted request.
+    let (req, _) = next_request(&mut handle);
+    assert_eq!(req.uri(), "/1");
+    no_request(&mut handle);
+
+    assert_eq!(response.status().as_u16(), 529);
+    let headers = response.headers();
+    assert_eq!(header(headers, "content-type"), Some("application/json"));
+    assert_eq!(
+        header(headers, "x-admission-rejection-scope"),
+        Some("worker")
+    );
+    assert_eq!(header(headers, "x-admission-rank"), None);
+    assert_eq!(header(headers, "retry-after"), Some("1"));
+    assert_eq!(
+        response
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .map(|reason| reason.as_bytes()),
+        Some(&b"Site is overloaded"[..])
+    );
+    let size = response.body().size_hint().exact();
+    let json = body_json(response.into_body()).await;
+    assert_eq!(
+        size,
+        Some(serde_json::to_vec(&json).unwrap().len() as u64),
+        "the body is exactly as long as announced"
+    );
+    assert_eq!(json["error"]["type"], "overloaded");
+    assert_eq!(json["error"]["code"], 529);
+    assert_eq!(json["error"]["scope"], "worker");
+    assert_eq!(json["error"]["rank"], serde_json::Value::Null);
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("overloaded")
+    );
+
+    let tally = gate.snapshot().tally;
+    assert_eq!((tally.received, tally.rejected_worker), (2, 1));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+}
+
+fn ranked_gate() -> Gate {
+    Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .engine_request_waiting_limit(1)
+            .request_queue_limit(0)
+            .capacity(EngineCapacity::new(1, 2)),
+    )
+}
+
+fn ranked(path: &str, rank: &str) -> Request<()> {
+    Request::builder()
+        .uri(path)
+        .header("x-data-parallel-rank", rank)
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_full_rank_answers_with_rank_scope_while_the_worker_has_room() {
+    let gate = ranked_gate();
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .rank(RankHeader::default())
+            .overload_status(StatusCode::SERVICE_UNAVAILABLE)
+            .layer(inner),
+    );
+    handle.allow(3);
+
+    let _admitted = call(&mut service, ranked("/a", "1"));
+    assert_eq!(gate.snapshot().ranks[1], counts(1, 1, 0));
+
+    let mut rejected = call(&mut service, ranked("/b", "1"));
+    let response = assert_ready_ok!(rejected.poll());
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let headers = response.headers();
+    assert_eq!(header(headers, "x-admission-rejection-scope"), Some("rank"));
+    assert_eq!(header(headers, "x-admission-rank"), Some("1"));
+    assert_eq!(
+        header(headers, "retry-after"),
+        None,
+        "rank 0 still has room"
+    );
+    assert!(
+        response
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .is_none(),
+        "503 keeps its canonical reason"
+    );
+    let json = body_json(response.into_body()).await;
+    assert_eq!(json["error"]["code"], 503);
+    assert_eq!(json["error"]["scope"], "rank");
+    assert_eq!(json["error"]["rank"], 1);
+
+    // Rank 0 is unaffected by rank 1 being full.
+    let mut other = call(&mut service, ranked("/c", "0"));
+    assert_pending!(other.poll());
+    assert_eq!(gate.snapshot().ranks[0], counts(1, 1, 0));
+}
+
+#[tokio::test]
+async fn hostile_rank_headers_make_requests_unranked() {
+    let gate = Gate::new(AdmissionConfig::new().capacity(EngineCapacity::new(4, 2)));
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .rank(RankHeader::default())
+            .layer(inner),
+    );
+    handle.allow(10);
+
+    let mut futures = Vec::new();
+    for value in ["-1", "4294967296", "1e3", "٣", "2", " 1", ""] {
+        futures.push(call(&mut service, ranked("/", value)));
+    }
+    let mut repeated = Request::new(());
+    repeated
+        .headers_mut()
+        .append("x-data-parallel-rank", "0".parse().unwrap());
+    repeated
+        .headers_mut()
+        .append("x-data-parallel-rank", "0".parse().unwrap());
+    futures.push(call(&mut service, repeated));
+
+    // "2" names a rank the engine does not have: unranked too.
+    let snapshot = gate.snapshot();
+    assert_eq!(snapshot.unranked.engine_requests, 8);
+    assert_eq!(snapshot.ranks, vec![Counts::default(); 2]);
+}
+
+#[tokio::test]
+async fn ranks_can_come_from_a_request_extension() {
+    let gate = ranked_gate();
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .rank(RankExtension)
+            .layer(inner),
+    );
+    handle.allow(1);
+    let mut req = request("/");
+    req.extensions_mut().insert(DataParallelRank(0));
+    let _admitted = call(&mut service, req);
+    assert_eq!(gate.snapshot().ranks[0], counts(1, 1, 0));
+}
+
+#[tokio::test]
+async fn grpc_requests_get_a_trailers_only_unavailable() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(2);
+
+    let _admitted = call(&mut service, request("/"));
+    let grpc = Request::builder()
+        .uri("/llm.Generate/Stream")
+        .header("content-type", "application/grpc+proto")
+        .body(())
+        .unwrap();
+    let mut rejected = call(&mut service, grpc);
+    let response = assert_ready_ok!(rejected.poll());
+
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers();
+    assert_eq!(header(headers, "content-type"), Some("application/grpc"));
+    assert_eq!(header(headers, "grpc-status"), Some("14"));
+    let message = header(headers, "grpc-message").unwrap();
+    assert!(message.contains("overloaded"), "{message}");
+    assert!(message.bytes().all(|b| (0x20..0x7f).contains(&b)));
+    assert_eq!(header(headers, "grpc-retry-pushback-ms"), Some("1000"));
+    assert_eq!(
+        header(headers, "x-admission-rejection-scope"),
+        Some("worker")
+    );
+    assert_eq!(header(headers, "retry-after"), None);
+
+    // Trailers-only: the body is empty and already at its end, so the
+    // status travels in the one HEADERS frame.
+    let mut body = response.into_body();
+    assert!(body.is_end_stream());
+    assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
+}
+
+#[tokio::test]
+async fn the_grpc_overload_code_is_configurable() {
+    let gate = ranked_gate();
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .rank(RankHeader::default())
+            .grpc_overload_code(8)
+            .layer(inner),
+    );
+    handle.allow(2);
+    let _admitted = call(&mut service, ranked("/", "0"));
+    let mut grpc = ranked("/", "0");
+    grpc.headers_mut()
+        .insert("content-type", "application/grpc".parse().unwrap());
+    let response = assert_ready_ok!(call(&mut service, grpc).poll());
+    let headers = response.headers();
+    assert_eq!(header(headers, "grpc-status"), Some("8"));
+    assert_eq!(header(headers, "x-admission-rank"), Some("0"));
+    assert_eq!(header(headers, "grpc-retry-pushback-ms"), None);
+}
+
+#[test]
+#[should_panic(expected = "gRPC error code")]
+fn grpc_ok_is_not_an_overload_code() {
+    let _ = AdmissionLayer::new(gate(1, 0)).grpc_overload_code(0);
+}
+
+#[test]
+#[should_panic(expected = "4xx or 5xx")]
+fn success_is_not_an_overload_status() {
+    let _ = AdmissionLayer::new(gate(1, 0)).overload_status(StatusCode::OK);
+}
+
+#[tokio::test]
+async fn an_inner_error_releases_everything() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(1);
+
+    let mut future = call(&mut service, request("/"));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+    let (_, respond) = next_request(&mut handle);
+    respond.send_error("engine crashed");
+    let err = assert_ready_err!(future.poll());
+    assert_eq!(err.to_string(), "engine crashed");
+    // Released as the error surfaced, not when the future is dropped.
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+    drop(future);
+    assert_eq!(gate.snapshot().tally.admitted_direct, 1);
+}
+
+#[tokio::test]
+async fn dropping_the_response_future_releases_or_cancels() {
+    let gate = gate(1, 1);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(2);
+
+    let admitted = call(&mut service, request("/1"));
+    let queued = call(&mut service, request("/2"));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 1));
+
+    drop(queued);
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+    assert_eq!(gate.snapshot().tally.cancelled, 1);
+
+    drop(admitted);
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+/// An admitted request whose inner service answered with a body the test
+/// controls.
+async fn streaming_response(gate: &Gate) -> (Frames, ResponseBody<Body>) {
+    let (mut service, mut handle) = service(gate);
+    handle.allow(1);
+    let mut future = call(&mut service, request("/"));
+    let (_, respond) = next_request(&mut handle);
+    let (frames, body) = streaming_body();
+    respond.send_response(Response::new(body));
+    (frames, assert_ready_ok!(future.poll()).into_body())
+}
+
+#[tokio::test]
+async fn a_body_dropped_before_its_first_token_releases_everything() {
+    let gate = gate(1, 0);
+    let (_frames, body) = streaming_response(&gate).await;
+    // Headers are not a token.
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+    drop(body);
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn the_first_token_ends_waiting_and_the_drop_ends_the_request() {
+    let gate = gate(1, 0);
+    let (frames, mut body) = streaming_response(&gate).await;
+
+    frames.send(data("")).unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_eq!(
+        gate.snapshot().total,
+        counts(1, 1, 0),
+        "an empty frame is not a token"
+    );
+
+    frames.send(data("Hello")).unwrap();
+    let frame = assert_ready!(poll_frame(&mut body)).unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), "Hello");
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+
+    frames.send(data(" world")).unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_pending!(poll_frame(&mut body));
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+
+    // The client went away mid-stream.
+    drop(body);
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+    let tally = gate.snapshot().tally;
+    assert_eq!((tally.received, tally.admitted_direct), (1, 1));
+}
+
+#[tokio::test]
+async fn a_response_can_complete_without_a_token() {
+    let gate = gate(1, 0);
+    let (frames, mut body) = streaming_response(&gate).await;
+    drop(frames);
+    assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
+    // Released at the end of the stream, while the body is still alive.
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn trailers_and_errors_end_the_response() {
+    let gate = gate(1, 0);
+    let (frames, mut body) = streaming_response(&gate).await;
+    frames.send(data("token")).unwrap();
+    assert_ready!(poll_frame(&mut body));
+    frames.send(Ok(Frame::trailers(HeaderMap::new()))).unwrap();
+    assert!(
+        assert_ready!(poll_frame(&mut body))
+            .unwrap()
+            .unwrap()
+            .is_trailers()
+    );
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+    drop(body);
+
+    let (frames, mut body) = streaming_response(&gate).await;
+    frames.send(Err("engine fell over".into())).unwrap();
+    assert!(assert_ready!(poll_frame(&mut body)).unwrap().is_err());
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+    drop(body);
+    assert_eq!(gate.snapshot().tally.admitted_direct, 2);
+}
+
+/// Answers with a body of a fixed kind, to see how its end is recognised.
+async fn respond_with(gate: &Gate, body: Body) -> ResponseBody<Body> {
+    let (mut service, mut handle) = service(gate);
+    handle.allow(1);
+    let mut future = call(&mut service, request("/"));
+    let (_, respond) = next_request(&mut handle);
+    respond.send_response(Response::new(body));
+    assert_ready_ok!(future.poll()).into_body()
+}
+
+#[tokio::test]
+async fn a_body_that_is_already_at_its_end_releases_at_once() {
+    let gate = gate(1, 0);
+    let body = respond_with(&gate, empty_body()).await;
+    assert!(body.is_end_stream());
+    assert_eq!(body.size_hint().exact(), Some(0));
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_body_that_ends_with_its_last_data_frame_releases_then() {
+    let gate = gate(1, 0);
+    let full = Full::new(Bytes::from_static(b"{\"choices\":[]}"))
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync();
+    let mut body = respond_with(&gate, full).await;
+    assert_eq!(
+        body.size_hint().exact(),
+        Some(14),
+        "size hints pass through"
+    );
+    assert!(!body.is_end_stream());
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+
+    assert_ready!(poll_frame(&mut body));
+    assert!(body.is_end_stream());
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
