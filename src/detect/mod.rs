@@ -15,11 +15,20 @@
 //! * [`Grpc`]: the first complete length-prefixed gRPC message.
 //!
 //! Every detector must accept frames split at any byte, keep bounded memory,
-//! and never panic, whatever the bytes.
+//! and never panic, whatever the bytes. A detector decides on a byte of the
+//! stream, not on a frame: waiting ends at the same byte however the body is
+//! split. Those that read a framing ([`OpenAiSse`], [`Grpc`]) look at the
+//! response's `content-type` first and, for any other content type, end
+//! waiting at the first non-empty frame, as [`AnyData`] does.
 
 mod any_data;
+mod grpc;
+mod media_type;
+mod openai_sse;
 
 pub use self::any_data::AnyData;
+pub use self::grpc::Grpc;
+pub use self::openai_sse::OpenAiSse;
 
 /// Decides, for one response, where waiting ends.
 ///
