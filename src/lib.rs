@@ -42,11 +42,15 @@ mod gate;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "metrics")]
-mod metrics;
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+pub mod sizing;
 
 pub use crate::config::{
     AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, Limits,
 };
+#[cfg(feature = "clap")]
+pub use crate::config::AdmissionArgs;
 pub use crate::gate::{
     Acquire, AdmitSource, Counts, Gate, Overloaded, Permit, RejectionScope, Snapshot, Tally,
 };

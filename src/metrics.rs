@@ -1,28 +1,473 @@
-//! Metrics of SPEC §6 through the `metrics` facade.
+//! Metrics of the gate (SPEC §6), through the [`metrics`] facade, so any
+//! exporter works (Prometheus first).
 //!
-//! (Recording is filled in by the metrics issue; these hooks are where the
-//! gate reports its transitions.)
+//! Every name is `<prefix>_<suffix>`; the prefix is
+//! [`AdmissionConfig::metrics_prefix`](crate::AdmissionConfig::metrics_prefix),
+//! [`DEFAULT_PREFIX`] unless set. With the prefix `dynamo_backend_admission`
+//! the names are those of the source system. Every series carries a
+//! `dp_rank` label: the rank number (`"0"`, `"1"`, …) or `"unspecified"` for
+//! unranked requests. Each request is counted under one value; sum over all
+//! values, `unspecified` included, for the worker's totals.
+//!
+//! | suffix | type | extra labels | meaning |
+//! |---|---|---|---|
+//! | `engine_request_count` | gauge | | admitted requests whose response has not ended |
+//! | `engine_request_waiting_count` | gauge | | admitted requests without a first token or completion yet |
+//! | `request_queue_count` | gauge | | requests waiting in the gate's queue |
+//! | `request_receive_total` | counter | | requests received |
+//! | `request_admit_total` | counter | `source` = `direct` \| `queue` | requests admitted |
+//! | `rejection_total` | counter | `scope` = `rank` \| `worker` | requests rejected |
+//! | `cancellation_total` | counter | | requests cancelled while queued |
+//! | `engine_request_limit` | gauge | | the engine request limit |
+//! | `engine_request_waiting_limit` | gauge | | the engine request waiting limit |
+//! | `request_queue_limit` | gauge | | the request queue limit |
+//! | `request_queue_wait_seconds` | histogram | | time in the gate's queue, of requests admitted from it |
+//! | `engine_request_waiting_seconds` | histogram | | admission to first token or completion: the W of Little's law |
+//!
+//! After settling, `request_receive_total` = `request_admit_total` (both
+//! sources) + `rejection_total` (both scopes) + `cancellation_total`.
+//!
+//! The three limit gauges show the configured per-rank limits under each
+//! rank's `dp_rank`. Under `dp_rank="unspecified"` they show the combined
+//! capacity of the worker (ranks × the per-rank limit), which is what
+//! unranked requests draw on; before the engine reports, the gate assumes
+//! one rank and every request is unranked. A rank that vanishes in a
+//! capacity report keeps its series, with every gauge at 0: its requests
+//! are counted as unranked from then on.
+//!
+//! # Recording
+//!
+//! The gauges are *set* from the gate's own counts, inside the critical
+//! section of each event, never incremented or decremented: they cannot
+//! drift from the truth, and the last value written is always the latest
+//! state. Handles are registered when the gate is built and when the
+//! engine reports new ranks, so install the recorder (exporter) before
+//! creating the [`Gate`](crate::Gate); events then touch pre-registered
+//! handles and allocate nothing.
+//!
+//! Queue and waiting times are measured with `std::time::Instant`: the clock is read
+//! once at each arrival, once per event that admits queued requests, and
+//! once when a request's waiting ends. Without the `metrics` feature the
+//! gate never reads the clock.
 
-use crate::config::AdmissionConfig;
-use crate::gate::Waiter;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Unit};
+
+use crate::config::{AdmissionConfig, Limits};
 use crate::gate::state::{Arrival, Grant, State};
+use crate::gate::{Stamp, Waiter};
+use crate::{Counts, RejectionScope};
 
-/// Records the gate's transitions.
-#[derive(Debug)]
-pub(crate) struct Recorder {}
+/// The metric name prefix unless
+/// [`AdmissionConfig::metrics_prefix`](crate::AdmissionConfig::metrics_prefix)
+/// sets another.
+pub const DEFAULT_PREFIX: &str = "admission";
 
-impl Recorder {
-    pub(crate) fn new(_config: &AdmissionConfig) -> Self {
-        Recorder {}
+/// The `dp_rank` label of unranked requests.
+const UNSPECIFIED: &str = "unspecified";
+
+/// What the limit gauges of a vanished rank show.
+const NO_LIMITS: Limits = Limits {
+    engine_request_limit: 0,
+    engine_request_waiting_limit: 0,
+    request_queue_limit: 0,
+};
+
+/// The full names of the metric families.
+struct Names {
+    engine_request_count: String,
+    engine_request_waiting_count: String,
+    request_queue_count: String,
+    request_receive_total: String,
+    request_admit_total: String,
+    rejection_total: String,
+    cancellation_total: String,
+    engine_request_limit: String,
+    engine_request_waiting_limit: String,
+    request_queue_limit: String,
+    request_queue_wait_seconds: String,
+    engine_request_waiting_seconds: String,
+}
+
+impl Names {
+    fn new(prefix: &str) -> Self {
+        let name = |suffix: &str| format!("{prefix}_{suffix}");
+        Names {
+            engine_request_count: name("engine_request_count"),
+            engine_request_waiting_count: name("engine_request_waiting_count"),
+            request_queue_count: name("request_queue_count"),
+            request_receive_total: name("request_receive_total"),
+            request_admit_total: name("request_admit_total"),
+            rejection_total: name("rejection_total"),
+            cancellation_total: name("cancellation_total"),
+            engine_request_limit: name("engine_request_limit"),
+            engine_request_waiting_limit: name("engine_request_waiting_limit"),
+            request_queue_limit: name("request_queue_limit"),
+            request_queue_wait_seconds: name("request_queue_wait_seconds"),
+            engine_request_waiting_seconds: name("engine_request_waiting_seconds"),
+        }
     }
 
-    pub(crate) fn on_configured(&self, _state: &State<Waiter>) {}
+    fn describe(&self) {
+        use metrics::{describe_counter, describe_gauge, describe_histogram};
+        describe_gauge!(
+            self.engine_request_count.clone(),
+            Unit::Count,
+            "Admitted requests whose response has not ended."
+        );
+        describe_gauge!(
+            self.engine_request_waiting_count.clone(),
+            Unit::Count,
+            "Admitted requests without a first generated token or completion yet."
+        );
+        describe_gauge!(
+            self.request_queue_count.clone(),
+            Unit::Count,
+            "Requests waiting in the gate's queue, outside the engine."
+        );
+        describe_counter!(
+            self.request_receive_total.clone(),
+            Unit::Count,
+            "Requests received by the gate."
+        );
+        describe_counter!(
+            self.request_admit_total.clone(),
+            Unit::Count,
+            "Requests admitted to the engine, on arrival (source=direct) or from the queue (source=queue)."
+        );
+        describe_counter!(
+            self.rejection_total.clone(),
+            Unit::Count,
+            "Requests rejected as overload, naming their rank (scope=rank) or the whole worker (scope=worker)."
+        );
+        describe_counter!(
+            self.cancellation_total.clone(),
+            Unit::Count,
+            "Requests cancelled while waiting in the gate's queue."
+        );
+        describe_gauge!(
+            self.engine_request_limit.clone(),
+            Unit::Count,
+            "Engine request limit per rank (combined capacity for dp_rank=unspecified)."
+        );
+        describe_gauge!(
+            self.engine_request_waiting_limit.clone(),
+            Unit::Count,
+            "Engine request waiting limit per rank (combined capacity for dp_rank=unspecified)."
+        );
+        describe_gauge!(
+            self.request_queue_limit.clone(),
+            Unit::Count,
+            "Request queue limit per rank (combined capacity for dp_rank=unspecified)."
+        );
+        describe_histogram!(
+            self.request_queue_wait_seconds.clone(),
+            Unit::Seconds,
+            "Time requests admitted from the gate's queue spent in it."
+        );
+        describe_histogram!(
+            self.engine_request_waiting_seconds.clone(),
+            Unit::Seconds,
+            "Time from admission to the first generated token or completion."
+        );
+    }
+}
 
-    pub(crate) fn on_arrival(&self, _state: &State<Waiter>, _rank: Option<u32>, _arrival: &Arrival) {}
+/// The handles of one bucket: a rank, or the unranked requests.
+struct BucketMetrics {
+    engine_requests: Gauge,
+    engine_waiting: Gauge,
+    queued: Gauge,
+    engine_request_limit: Gauge,
+    engine_request_waiting_limit: Gauge,
+    request_queue_limit: Gauge,
+    received: Counter,
+    admitted_direct: Counter,
+    admitted_queue: Counter,
+    rejected_rank: Counter,
+    rejected_worker: Counter,
+    cancelled: Counter,
+    queue_wait: Histogram,
+    engine_waiting_time: Histogram,
+}
 
-    pub(crate) fn on_admitted_from_queue(&self, _state: &State<Waiter>, _grant: &Grant) {}
+impl BucketMetrics {
+    /// Registers the series of one `dp_rank` value with the current
+    /// recorder.
+    fn register(names: &Names, rank: Option<u32>) -> Self {
+        use metrics::{counter, gauge, histogram};
+        let dp_rank = rank.map_or_else(|| UNSPECIFIED.to_owned(), |rank| rank.to_string());
+        let gauge = |name: &String| gauge!(name.clone(), "dp_rank" => dp_rank.clone());
+        let counter = |name: &String| counter!(name.clone(), "dp_rank" => dp_rank.clone());
+        let histogram = |name: &String| histogram!(name.clone(), "dp_rank" => dp_rank.clone());
+        let admitted = |source: &'static str| counter!(names.request_admit_total.clone(), "dp_rank" => dp_rank.clone(), "source" => source);
+        let rejected = |scope: &'static str| counter!(names.rejection_total.clone(), "dp_rank" => dp_rank.clone(), "scope" => scope);
+        BucketMetrics {
+            engine_requests: gauge(&names.engine_request_count),
+            engine_waiting: gauge(&names.engine_request_waiting_count),
+            queued: gauge(&names.request_queue_count),
+            engine_request_limit: gauge(&names.engine_request_limit),
+            engine_request_waiting_limit: gauge(&names.engine_request_waiting_limit),
+            request_queue_limit: gauge(&names.request_queue_limit),
+            received: counter(&names.request_receive_total),
+            admitted_direct: admitted("direct"),
+            admitted_queue: admitted("queue"),
+            // Unranked rejections are always worker-scoped: no series for
+            // a count that can only ever be 0.
+            rejected_rank: match rank {
+                Some(_) => rejected("rank"),
+                None => Counter::noop(),
+            },
+            rejected_worker: rejected("worker"),
+            cancelled: counter(&names.cancellation_total),
+            queue_wait: histogram(&names.request_queue_wait_seconds),
+            engine_waiting_time: histogram(&names.engine_request_waiting_seconds),
+        }
+    }
 
-    pub(crate) fn on_release(&self, _state: &State<Waiter>, _grant: &Grant) {}
+    fn set_counts(&self, counts: Counts) {
+        self.engine_requests.set(counts.engine_requests as f64);
+        self.engine_waiting.set(counts.engine_waiting as f64);
+        self.queued.set(counts.queued as f64);
+    }
 
-    pub(crate) fn on_cancelled(&self, _state: &State<Waiter>, _rank: Option<u32>) {}
+    fn set_limits(&self, limits: Limits, ranks: usize) {
+        let combined = |per_rank: usize| per_rank.saturating_mul(ranks) as f64;
+        self.engine_request_limit
+            .set(combined(limits.engine_request_limit));
+        self.engine_request_waiting_limit
+            .set(combined(limits.engine_request_waiting_limit));
+        self.request_queue_limit
+            .set(combined(limits.request_queue_limit));
+    }
+}
+
+/// Records the gate's transitions. Every hook is called inside the gate's
+/// critical section, right after the event changed the state.
+pub(crate) struct Recorder {
+    names: Names,
+    unranked: BucketMetrics,
+    ranks: RankTable,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("prefix_of", &self.names.engine_request_count)
+            .field("ranks", &self.ranks.len())
+            .finish()
+    }
+}
+
+impl Recorder {
+    /// Describes the families and registers the unranked series with the
+    /// current recorder.
+    pub(crate) fn new(config: &AdmissionConfig) -> Self {
+        let prefix = config.metrics_prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
+        let names = Names::new(prefix);
+        names.describe();
+        Recorder {
+            unranked: BucketMetrics::register(&names, None),
+            names,
+            ranks: RankTable::new(),
+        }
+    }
+
+    /// The gate was built, or the engine reported its capacity: every
+    /// gauge is set, new ranks are registered, vanished ranks zeroed.
+    pub(crate) fn on_configured(&self, state: &State<Waiter>) {
+        let limits = state.limits();
+        let ranks = state.recognised_ranks();
+        self.unranked.set_counts(state.unranked_counts());
+        // Before the first report the gate assumes one rank.
+        self.unranked.set_limits(limits, ranks.max(1));
+        for (rank, counts) in state.rank_counts().enumerate() {
+            let bucket = self.ranks.get_or_register(rank, || {
+                BucketMetrics::register(&self.names, Some(rank as u32))
+            });
+            bucket.set_counts(counts);
+            bucket.set_limits(limits, 1);
+        }
+        for rank in ranks..self.ranks.len() {
+            if let Some(bucket) = self.ranks.get(rank) {
+                bucket.set_counts(Counts::default());
+                bucket.set_limits(NO_LIMITS, 1);
+            }
+        }
+    }
+
+    /// A request for `rank` arrived and was admitted, queued or rejected.
+    pub(crate) fn on_arrival(&self, state: &State<Waiter>, rank: Option<u32>, arrival: &Arrival) {
+        let rank = state.recognised(rank);
+        let Some(bucket) = self.bucket(rank) else {
+            return;
+        };
+        bucket.received.increment(1);
+        match arrival {
+            Arrival::Admitted(_) => bucket.admitted_direct.increment(1),
+            Arrival::Queued(_) => {}
+            Arrival::Rejected(RejectionScope::Rank(_)) => bucket.rejected_rank.increment(1),
+            Arrival::Rejected(RejectionScope::Worker) => bucket.rejected_worker.increment(1),
+        }
+        if !matches!(arrival, Arrival::Rejected(_)) {
+            bucket.set_counts(state.counts_of(rank));
+        }
+    }
+
+    /// A queued request took up the admission it was offered at
+    /// `offered_at`. (Its counts moved when the offer was made.)
+    pub(crate) fn on_admitted_from_queue(
+        &self,
+        state: &State<Waiter>,
+        grant: &Grant,
+        queued_at: Stamp,
+        offered_at: Stamp,
+    ) {
+        if let Some(bucket) = self.bucket(state.grant_rank(grant)) {
+            bucket.admitted_queue.increment(1);
+            let waited = offered_at.at().saturating_duration_since(queued_at.at());
+            bucket.queue_wait.record(waited.as_secs_f64());
+        }
+    }
+
+    /// A permit released capacity: its waiting ended after `waited` (if it
+    /// ended now), and perhaps its response.
+    pub(crate) fn on_release(
+        &self,
+        state: &State<Waiter>,
+        grant: &Grant,
+        waited: Option<Duration>,
+    ) {
+        let rank = state.grant_rank(grant);
+        if let Some(bucket) = self.bucket(rank) {
+            if let Some(waited) = waited {
+                bucket.engine_waiting_time.record(waited.as_secs_f64());
+            }
+            bucket.set_counts(state.counts_of(rank));
+        }
+        self.set_offered_counts(state);
+    }
+
+    /// A queued request of `rank` (as counted before the cancellation) was
+    /// cancelled.
+    pub(crate) fn on_cancelled(&self, state: &State<Waiter>, rank: Option<u32>) {
+        if let Some(bucket) = self.bucket(rank) {
+            bucket.cancelled.increment(1);
+            bucket.set_counts(state.counts_of(rank));
+        }
+        self.set_offered_counts(state);
+    }
+
+    /// Requests offered an admission during this event moved from a queue
+    /// to the engine: their buckets' gauges follow.
+    fn set_offered_counts(&self, state: &State<Waiter>) {
+        for rank in state.offered_ranks() {
+            if let Some(bucket) = self.bucket(rank) {
+                bucket.set_counts(state.counts_of(rank));
+            }
+        }
+    }
+
+    fn bucket(&self, rank: Option<u32>) -> Option<&BucketMetrics> {
+        let bucket = match rank {
+            None => Some(&self.unranked),
+            Some(rank) => self.ranks.get(rank as usize),
+        };
+        debug_assert!(
+            bucket.is_some(),
+            "rank {rank:?} recognised but not registered"
+        );
+        bucket
+    }
+}
+
+/// The handles of every rank ever recognised, by rank number.
+///
+/// It only grows, and only in [`Recorder::on_configured`] (under the gate's
+/// lock); events read it without a lock of their own, so the gate's hot
+/// path takes one lock, not two. Chunk `k` holds ranks `2^k - 1` to
+/// `2^(k+1) - 2`, so a registered handle never moves.
+struct RankTable {
+    chunks: [OnceLock<Box<[OnceLock<BucketMetrics>]>>; RankTable::CHUNKS],
+    /// One more than the highest rank registered.
+    len: AtomicUsize,
+}
+
+impl RankTable {
+    /// Enough for every `u32` rank.
+    const CHUNKS: usize = 33;
+
+    fn new() -> Self {
+        RankTable {
+            chunks: [const { OnceLock::new() }; RankTable::CHUNKS],
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Chunk and offset of `rank`.
+    fn position(rank: usize) -> (usize, usize) {
+        let index = rank + 1;
+        let chunk = (usize::BITS - 1 - index.leading_zeros()) as usize;
+        (chunk, index - (1 << chunk))
+    }
+
+    fn get(&self, rank: usize) -> Option<&BucketMetrics> {
+        let (chunk, offset) = Self::position(rank);
+        self.chunks.get(chunk)?.get()?.get(offset)?.get()
+    }
+
+    fn get_or_register(
+        &self,
+        rank: usize,
+        register: impl FnOnce() -> BucketMetrics,
+    ) -> &BucketMetrics {
+        let (chunk, offset) = Self::position(rank);
+        let cells = self.chunks[chunk]
+            .get_or_init(|| (0..1usize << chunk).map(|_| OnceLock::new()).collect());
+        self.len.fetch_max(rank + 1, Ordering::Relaxed);
+        cells[offset].get_or_init(register)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_table_positions_cover_every_rank_once() {
+        assert_eq!(RankTable::position(0), (0, 0));
+        assert_eq!(RankTable::position(1), (1, 0));
+        assert_eq!(RankTable::position(2), (1, 1));
+        assert_eq!(RankTable::position(3), (2, 0));
+        assert_eq!(RankTable::position(6), (2, 3));
+        assert_eq!(RankTable::position(7), (3, 0));
+        let last = RankTable::position(u32::MAX as usize - 1);
+        assert_eq!(last, (31, (1 << 31) - 1));
+        assert!(last.0 < RankTable::CHUNKS);
+    }
+
+    #[test]
+    fn rank_table_registers_each_rank_once_and_keeps_it() {
+        let table = RankTable::new();
+        let names = Names::new("test");
+        assert!(table.get(0).is_none());
+        let mut registered = 0;
+        for rank in [0, 1, 2, 5, 2] {
+            table.get_or_register(rank, || {
+                registered += 1;
+                BucketMetrics::register(&names, Some(rank as u32))
+            });
+        }
+        assert_eq!(registered, 4);
+        assert_eq!(table.len(), 6);
+        assert!(table.get(5).is_some());
+        assert!(table.get(3).is_none(), "rank 3 was never registered");
+    }
 }

@@ -6,8 +6,15 @@
 //! setting left unset follows the engine's reported capacity and changes when
 //! the engine reports again.
 
+#[cfg(feature = "clap")]
+mod cli;
+mod env;
+
 use std::fmt;
 use std::num::NonZeroUsize;
+
+#[cfg(feature = "clap")]
+pub use self::cli::AdmissionArgs;
 
 /// Per-rank default for both engine limits until the engine reports its capacity.
 pub const DEFAULT_ENGINE_LIMIT: usize = 10_000;
@@ -154,6 +161,49 @@ impl AdmissionConfig {
     pub fn metrics_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.metrics_prefix = Some(prefix.into());
         self
+    }
+
+    /// A configuration from the process environment (SPEC §5); see
+    /// [`from_lookup`](Self::from_lookup) for the variables and the rules.
+    pub fn from_env() -> Self {
+        Self::from_lookup(env::process_env)
+    }
+
+    /// A configuration from environment variables, read through `lookup`
+    /// (which returns a variable's value, or `None` when it is unset) rather
+    /// than from the process environment.
+    ///
+    /// | setting | canonical variable, then alias |
+    /// |---|---|
+    /// | engine request limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
+    /// | engine request waiting limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
+    /// | request queue limit | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
+    ///
+    /// Per setting, independently: a valid canonical value wins and its
+    /// alias is not read; otherwise a valid alias value wins; otherwise the
+    /// setting follows the engine. Values are trimmed. Engine limits accept
+    /// positive integers, the queue limit non-negative ones. A value that is
+    /// empty, not an integer, negative, below the minimum or too large logs a
+    /// warning naming the variable and the value, and the next source is used.
+    ///
+    /// ```
+    /// use tower_admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::from_lookup(|variable| match variable {
+    ///     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT" => Some(" 12 ".into()),
+    ///     "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT" => Some("-1".into()), // warns
+    ///     "DYN_DYNAMO_REQUEST_QUEUE_LIMIT" => Some("0".into()),
+    ///     _ => None,
+    /// });
+    /// assert_eq!(config.explicit_engine_request_limit(), None); // follows the engine
+    /// assert_eq!(config.explicit_engine_request_waiting_limit(), Some(12));
+    /// assert_eq!(config.explicit_request_queue_limit(), Some(0)); // from the alias
+    /// ```
+    ///
+    /// With the `clap` feature, `AdmissionArgs` adds command-line flags that
+    /// take precedence over both variables.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        env::resolve(env::Overrides::default(), &lookup)
     }
 
     /// The explicit engine request limit, if one was set.

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 pub use self::permit::Permit;
+pub(crate) use self::permit::Stamp;
 pub use self::state::Tally;
 use self::state::{Arrival, Polled, State, Ticket};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
@@ -160,7 +161,10 @@ struct Inner {
 pub(crate) struct Waiter {
     waker: Option<Waker>,
     #[cfg(feature = "metrics")]
-    queued_at: std::time::Instant,
+    queued_at: Stamp,
+    /// When the request was offered an admission (its arrival until then):
+    /// its time in the queue ends and its engine waiting time begins.
+    offered_at: Stamp,
 }
 
 impl fmt::Debug for Gate {
@@ -197,11 +201,14 @@ impl Gate {
     /// report) is treated as no rank: the request is unranked and draws on
     /// the combined capacity of all ranks.
     pub fn acquire(&self, rank: Option<u32>) -> Acquire {
+        // Read the clock (metrics only) before taking the lock.
+        let now = Stamp::now();
         let mut state = self.lock();
         let waiter = Waiter {
             waker: None,
             #[cfg(feature = "metrics")]
-            queued_at: std::time::Instant::now(),
+            queued_at: now,
+            offered_at: now,
         };
         let arrival = state.arrive(rank, waiter);
         #[cfg(feature = "metrics")]
@@ -209,7 +216,7 @@ impl Gate {
         let step = match arrival {
             Arrival::Admitted(grant) => {
                 drop(state);
-                Step::Decided(Some(Ok(Permit::new(self.clone(), grant))))
+                Step::Decided(Some(Ok(Permit::new(self.clone(), grant, now))))
             }
             Arrival::Queued(ticket) => Step::Queued(ticket),
             Arrival::Rejected(scope) => Step::Decided(Some(Err(Overloaded { scope }))),
@@ -267,9 +274,9 @@ impl Gate {
     /// after releasing the lock.
     fn wake_offered(&self, mut state: MutexGuard<'_, State<Waiter>>) {
         let mut wakers = Vec::new();
+        let mut now = None;
         state.drain_offered(|waiter| {
-            #[cfg(feature = "metrics")]
-            let _ = &waiter.queued_at;
+            waiter.offered_at = *now.get_or_insert_with(Stamp::now);
             if let Some(waker) = waiter.waker.take() {
                 wakers.push(waker);
             }
@@ -280,7 +287,12 @@ impl Gate {
         }
     }
 
-    pub(crate) fn release(&self, grant: &mut state::Grant, finished: bool) {
+    pub(crate) fn release(&self, grant: &mut state::Grant, finished: bool, admitted_at: Stamp) {
+        // Read the clock (metrics only) before taking the lock.
+        #[cfg(feature = "metrics")]
+        let waited = grant.is_waiting().then(|| admitted_at.at().elapsed());
+        #[cfg(not(feature = "metrics"))]
+        let _ = admitted_at;
         let mut state = self.lock();
         if finished {
             state.finish(grant);
@@ -288,7 +300,7 @@ impl Gate {
             state.first_token(grant);
         }
         #[cfg(feature = "metrics")]
-        self.inner.metrics.on_release(&state, grant);
+        self.inner.metrics.on_release(&state, grant, waited);
         self.wake_offered(state);
     }
 }
@@ -343,13 +355,20 @@ impl Future for Acquire {
             Step::Queued(ticket) => {
                 let ticket = *ticket;
                 let mut state = this.gate.lock();
+                // Read before `poll` hands the admission over and drops the waiter.
+                let offered_at = state.payload_mut(ticket).offered_at;
+                #[cfg(feature = "metrics")]
+                let queued_at = state.payload_mut(ticket).queued_at;
                 match state.poll(ticket) {
                     Polled::Admitted(grant) => {
                         #[cfg(feature = "metrics")]
-                        this.gate.inner.metrics.on_admitted_from_queue(&state, &grant);
+                        this.gate
+                            .inner
+                            .metrics
+                            .on_admitted_from_queue(&state, &grant, queued_at, offered_at);
                         drop(state);
                         this.step = Step::Done;
-                        Poll::Ready(Ok(Permit::new(this.gate.clone(), grant)))
+                        Poll::Ready(Ok(Permit::new(this.gate.clone(), grant, offered_at)))
                     }
                     Polled::Waiting => {
                         let waker = &mut state.payload_mut(ticket).waker;

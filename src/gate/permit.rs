@@ -16,18 +16,47 @@ use crate::AdmitSource;
 pub struct Permit {
     gate: Gate,
     grant: Grant,
+    /// When the request was admitted, for the waiting-time histogram.
+    admitted_at: Stamp,
+}
+
+/// An instant, for the metrics' histograms. Without the `metrics` feature
+/// it is empty and taking one does not read the clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamp {
+    #[cfg(feature = "metrics")]
+    at: std::time::Instant,
+}
+
+impl Stamp {
+    pub(crate) fn now() -> Stamp {
+        Stamp {
+            #[cfg(feature = "metrics")]
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// The instant the stamp was taken.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn at(self) -> std::time::Instant {
+        self.at
+    }
 }
 
 impl Permit {
-    pub(crate) fn new(gate: Gate, grant: Grant) -> Self {
-        Permit { gate, grant }
+    pub(crate) fn new(gate: Gate, grant: Grant, admitted_at: Stamp) -> Self {
+        Permit {
+            gate,
+            grant,
+            admitted_at,
+        }
     }
 
     /// The first generated token appeared: release the waiting capacity.
     /// Idempotent; the request capacity stays held until the permit drops.
     pub fn first_token(&mut self) {
         if self.grant.is_waiting() {
-            self.gate.release(&mut self.grant, false);
+            self.gate.release(&mut self.grant, false, self.admitted_at);
         }
     }
 
@@ -65,7 +94,7 @@ impl fmt::Debug for Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.grant.is_released() {
-            self.gate.release(&mut self.grant, true);
+            self.gate.release(&mut self.grant, true, self.admitted_at);
         }
     }
 }

@@ -452,6 +452,13 @@ impl<T> State<T> {
         }
     }
 
+    /// The ranks of the requests offered an admission since the driver
+    /// last drained them, one per request.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn offered_ranks(&self) -> impl Iterator<Item = Option<u32>> + '_ {
+        self.offered.iter().map(|&ticket| self.ticket_rank(ticket))
+    }
+
     // ----- internals ----------------------------------------------------
 
     fn recognise(&self, rank: Option<u32>) -> BucketKey {

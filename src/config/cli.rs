@@ -1,0 +1,95 @@
+//! Command-line flags for the three settings (feature `clap`).
+
+use std::num::NonZeroUsize;
+
+use super::AdmissionConfig;
+use super::env::{self, Overrides};
+
+/// The admission flags of SPEC §5, to flatten into a worker's own
+/// [`clap::Parser`]:
+///
+/// | flag | environment (canonical, then alias) |
+/// |---|---|
+/// | `--engine-request-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
+/// | `--engine-request-waiting-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
+/// | `--request-queue-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
+///
+/// An invalid flag value (zero, negative or non-numeric engine limits, a
+/// negative or non-numeric queue limit) fails parsing with an error naming
+/// the flag and the value, so the worker does not start.
+/// [`resolve`](Self::resolve) then fills in what the flags left unset, per
+/// setting: flag, canonical variable, alias, default.
+///
+/// ```
+/// use clap::Parser;
+/// use tower_admission::AdmissionArgs;
+///
+/// #[derive(Parser)]
+/// struct Worker {
+///     #[command(flatten)]
+///     admission: AdmissionArgs,
+///     #[arg(long, default_value = "8000")]
+///     port: u16,
+/// }
+///
+/// let worker = Worker::parse_from(["worker", "--engine-request-waiting-limit", "12"]);
+/// let config = worker.admission.resolve_with(|variable| match variable {
+///     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT" => Some("64".into()),
+///     "DYN_ENGINE_REQUEST_LIMIT" => Some("32".into()),
+///     _ => None,
+/// });
+/// assert_eq!(config.explicit_engine_request_waiting_limit(), Some(12)); // the flag wins
+/// assert_eq!(config.explicit_engine_request_limit(), Some(32)); // from the alias
+/// assert_eq!(config.explicit_request_queue_limit(), None); // follows the engine
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct AdmissionArgs {
+    /// Admitted requests per data-parallel rank whose response has not
+    /// ended [default: the engine's max_num_seqs; env:
+    /// DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT, DYN_ENGINE_REQUEST_LIMIT]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub engine_request_limit: Option<NonZeroUsize>,
+
+    /// Admitted requests per data-parallel rank without a first token or
+    /// completion yet [default: the engine's max_num_seqs; env:
+    /// DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT,
+    /// DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub engine_request_waiting_limit: Option<NonZeroUsize>,
+
+    /// Requests per data-parallel rank waiting in the gate's queue; 0
+    /// disables queueing [default: 2 × the engine's max_num_seqs; env:
+    /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT, DYN_DYNAMO_REQUEST_QUEUE_LIMIT]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = queue_limit)]
+    pub request_queue_limit: Option<usize>,
+}
+
+impl AdmissionArgs {
+    /// The configuration these flags give, with the process environment
+    /// filling in unset flags (see [`AdmissionConfig::from_env`]).
+    pub fn resolve(&self) -> AdmissionConfig {
+        self.resolve_with(env::process_env)
+    }
+
+    /// The same as [`resolve`](Self::resolve), reading variables through
+    /// `lookup` instead of the process environment. The variables of a
+    /// setting given by a flag are not read.
+    pub fn resolve_with(&self, lookup: impl Fn(&str) -> Option<String>) -> AdmissionConfig {
+        let overrides = Overrides {
+            engine_request_limit: self.engine_request_limit.map(NonZeroUsize::get),
+            engine_request_waiting_limit: self.engine_request_waiting_limit.map(NonZeroUsize::get),
+            request_queue_limit: self.request_queue_limit,
+        };
+        env::resolve(overrides, &lookup)
+    }
+}
+
+fn engine_limit(raw: &str) -> Result<NonZeroUsize, String> {
+    env::parse(raw, 1)
+        .map(|n| NonZeroUsize::new(n).expect("parse enforces the minimum of 1"))
+        .map_err(|invalid| invalid.to_string())
+}
+
+fn queue_limit(raw: &str) -> Result<usize, String> {
+    env::parse(raw, 0).map_err(|invalid| invalid.to_string())
+}

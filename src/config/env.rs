@@ -1,0 +1,186 @@
+//! Resolution of the three settings from environment variables (SPEC §5).
+//!
+//! Each setting has a canonical variable and an alias. Per setting, the
+//! first valid source wins: canonical, then alias, then the default (which
+//! follows the engine). A valid canonical value means the alias is never
+//! read. A value that is set but invalid logs a warning naming the variable
+//! and the value, and resolution moves on to the next source: a typo in an
+//! environment variable should not keep a worker from starting, but it must
+//! not go unnoticed either.
+
+use std::fmt;
+use std::num::IntErrorKind;
+
+use super::AdmissionConfig;
+
+/// One setting's environment variables and the smallest value it accepts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Setting {
+    pub(crate) canonical: &'static str,
+    pub(crate) alias: &'static str,
+    pub(crate) minimum: usize,
+}
+
+pub(crate) const ENGINE_REQUEST_LIMIT: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
+    alias: "DYN_ENGINE_REQUEST_LIMIT",
+    minimum: 1,
+};
+
+pub(crate) const ENGINE_REQUEST_WAITING_LIMIT: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
+    alias: "DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT",
+    minimum: 1,
+};
+
+pub(crate) const REQUEST_QUEUE_LIMIT: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
+    alias: "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
+    minimum: 0,
+};
+
+/// Values that take precedence over the environment (from the command
+/// line). A setting given here is resolved without reading its variables.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Overrides {
+    pub(crate) engine_request_limit: Option<usize>,
+    pub(crate) engine_request_waiting_limit: Option<usize>,
+    pub(crate) request_queue_limit: Option<usize>,
+}
+
+/// Builds a configuration from `overrides`, then the variables `lookup`
+/// returns, then the defaults, independently per setting.
+pub(crate) fn resolve(
+    overrides: Overrides,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> AdmissionConfig {
+    let mut config = AdmissionConfig::new();
+    let engine_request_limit = overrides
+        .engine_request_limit
+        .or_else(|| ENGINE_REQUEST_LIMIT.lookup(lookup));
+    if let Some(n) = engine_request_limit {
+        config = config.engine_request_limit(n);
+    }
+    let engine_request_waiting_limit = overrides
+        .engine_request_waiting_limit
+        .or_else(|| ENGINE_REQUEST_WAITING_LIMIT.lookup(lookup));
+    if let Some(n) = engine_request_waiting_limit {
+        config = config.engine_request_waiting_limit(n);
+    }
+    let request_queue_limit = overrides
+        .request_queue_limit
+        .or_else(|| REQUEST_QUEUE_LIMIT.lookup(lookup));
+    if let Some(n) = request_queue_limit {
+        config = config.request_queue_limit(n);
+    }
+    config
+}
+
+/// Reads a variable of the process environment. A value that is not valid
+/// Unicode is passed on (lossily) so that it is reported as invalid rather
+/// than silently treated as unset.
+pub(crate) fn process_env(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(value) => Some(value),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(value)) => Some(value.to_string_lossy().into_owned()),
+    }
+}
+
+impl Setting {
+    /// The value of the first of the two variables that holds a valid one.
+    fn lookup(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Option<usize> {
+        self.read(self.canonical, lookup, self.alias)
+            .or_else(|| self.read(self.alias, lookup, "the default"))
+    }
+
+    /// The value of one variable, if it is set and valid; `next` names the
+    /// source used instead, for the warning.
+    fn read(
+        &self,
+        variable: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        next: &str,
+    ) -> Option<usize> {
+        let raw = lookup(variable)?;
+        match parse(&raw, self.minimum) {
+            Ok(n) => Some(n),
+            Err(invalid) => {
+                tracing::warn!(
+                    variable,
+                    value = %raw,
+                    "ignoring {variable}={raw:?}: {invalid}; using {next} instead"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Why a value is not a valid setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Invalid {
+    Empty,
+    NotAnInteger,
+    Negative,
+    TooLarge,
+    BelowMinimum(usize),
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::Empty => f.write_str("the value is empty"),
+            Invalid::NotAnInteger => f.write_str("not an integer"),
+            Invalid::Negative => f.write_str("negative values are not allowed"),
+            Invalid::TooLarge => f.write_str("too large for this platform"),
+            Invalid::BelowMinimum(1) => f.write_str("must be a positive integer (at least 1)"),
+            Invalid::BelowMinimum(minimum) => write!(f, "must be at least {minimum}"),
+        }
+    }
+}
+
+/// Parses a setting's value: a decimal integer, surrounding whitespace
+/// ignored, at least `minimum`. Shared by the environment and the command
+/// line so that both accept exactly the same values.
+pub(crate) fn parse(raw: &str, minimum: usize) -> Result<usize, Invalid> {
+    let value = raw.trim();
+    match value.parse::<usize>() {
+        Ok(n) if n >= minimum => Ok(n),
+        Ok(_) => Err(Invalid::BelowMinimum(minimum)),
+        Err(error) => Err(match error.kind() {
+            IntErrorKind::Empty => Invalid::Empty,
+            IntErrorKind::PosOverflow => Invalid::TooLarge,
+            _ if is_negative_integer(value) => Invalid::Negative,
+            _ => Invalid::NotAnInteger,
+        }),
+    }
+}
+
+fn is_negative_integer(value: &str) -> bool {
+    value
+        .strip_prefix('-')
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_explains_each_kind_of_invalid_value() {
+        assert_eq!(parse(" 7\t", 1), Ok(7));
+        assert_eq!(parse("0", 0), Ok(0));
+        assert_eq!(parse("", 1), Err(Invalid::Empty));
+        assert_eq!(parse("   ", 0), Err(Invalid::Empty));
+        assert_eq!(parse("seven", 1), Err(Invalid::NotAnInteger));
+        assert_eq!(parse("7.5", 1), Err(Invalid::NotAnInteger));
+        assert_eq!(parse("-1", 0), Err(Invalid::Negative));
+        assert_eq!(parse("-", 0), Err(Invalid::NotAnInteger));
+        assert_eq!(parse("0", 1), Err(Invalid::BelowMinimum(1)));
+        assert_eq!(
+            parse("99999999999999999999999999999", 1),
+            Err(Invalid::TooLarge)
+        );
+    }
+}

@@ -1,0 +1,508 @@
+//! Configuration from environment variables and command-line flags (SPEC §5):
+//! precedence, trimming, invalid values, warnings.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use tower_admission::{AdmissionConfig, EngineCapacity, Limits};
+
+const REQUEST: &str = "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT";
+const REQUEST_ALIAS: &str = "DYN_ENGINE_REQUEST_LIMIT";
+const WAITING: &str = "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT";
+const WAITING_ALIAS: &str = "DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT";
+const QUEUE: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT";
+const QUEUE_ALIAS: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
+
+const TOO_LARGE: &str = "340282366920938463463374607431768211456"; // 2^128
+
+fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| vars.get(name).cloned()
+}
+
+/// The three explicit settings a configuration resolved to.
+fn explicit(config: &AdmissionConfig) -> [Option<usize>; 3] {
+    [
+        config.explicit_engine_request_limit(),
+        config.explicit_engine_request_waiting_limit(),
+        config.explicit_request_queue_limit(),
+    ]
+}
+
+struct Case {
+    vars: &'static [(&'static str, &'static str)],
+    expect: Option<usize>,
+    why: &'static str,
+}
+
+/// Runs `cases` for the setting at `index` of [`explicit`] and checks that
+/// the other two settings stay unset.
+fn check(index: usize, cases: &[Case]) {
+    for case in cases {
+        let config = AdmissionConfig::from_lookup(env(case.vars));
+        let got = explicit(&config);
+        assert_eq!(got[index], case.expect, "{}: {:?}", case.why, case.vars);
+        for (other, value) in got.iter().enumerate() {
+            if other != index {
+                assert_eq!(*value, None, "{}: setting {other} untouched", case.why);
+            }
+        }
+    }
+}
+
+#[test]
+fn engine_request_limit_canonical_then_alias_then_default() {
+    check(
+        0,
+        &[
+            Case {
+                vars: &[(REQUEST, "7"), (REQUEST_ALIAS, "5")],
+                expect: Some(7),
+                why: "canonical beats alias",
+            },
+            Case {
+                vars: &[(REQUEST_ALIAS, "5")],
+                expect: Some(5),
+                why: "alias alone",
+            },
+            Case {
+                vars: &[(REQUEST, "invalid"), (REQUEST_ALIAS, "5")],
+                expect: Some(5),
+                why: "non-numeric canonical",
+            },
+            Case {
+                vars: &[(REQUEST, ""), (REQUEST_ALIAS, "5")],
+                expect: Some(5),
+                why: "empty canonical",
+            },
+            Case {
+                vars: &[(REQUEST, "0"), (REQUEST_ALIAS, "5")],
+                expect: Some(5),
+                why: "zero canonical",
+            },
+            Case {
+                vars: &[(REQUEST, "-1"), (REQUEST_ALIAS, "5")],
+                expect: Some(5),
+                why: "negative canonical",
+            },
+            Case {
+                vars: &[(REQUEST, "2.5"), (REQUEST_ALIAS, "5")],
+                expect: Some(5),
+                why: "fractional canonical",
+            },
+            Case {
+                vars: &[(REQUEST, " 7 ")],
+                expect: Some(7),
+                why: "trimmed",
+            },
+            Case {
+                vars: &[(REQUEST, "\t7\n"), (REQUEST_ALIAS, "5")],
+                expect: Some(7),
+                why: "trimmed beats alias",
+            },
+            Case {
+                vars: &[(REQUEST, "0"), (REQUEST_ALIAS, "0")],
+                expect: None,
+                why: "both zero: follows the engine",
+            },
+            Case {
+                vars: &[(REQUEST, TOO_LARGE)],
+                expect: None,
+                why: "overflowing",
+            },
+            Case {
+                vars: &[(REQUEST, TOO_LARGE), (REQUEST_ALIAS, " 9")],
+                expect: Some(9),
+                why: "overflowing canonical",
+            },
+            Case {
+                vars: &[],
+                expect: None,
+                why: "unset",
+            },
+        ],
+    );
+}
+
+#[test]
+fn engine_request_waiting_limit_canonical_then_alias_then_default() {
+    check(
+        1,
+        &[
+            Case {
+                vars: &[(WAITING, "12"), (WAITING_ALIAS, "5")],
+                expect: Some(12),
+                why: "canonical beats alias",
+            },
+            Case {
+                vars: &[(WAITING_ALIAS, "5")],
+                expect: Some(5),
+                why: "alias alone",
+            },
+            Case {
+                vars: &[(WAITING, "twelve"), (WAITING_ALIAS, "5")],
+                expect: Some(5),
+                why: "non-numeric canonical",
+            },
+            Case {
+                vars: &[(WAITING, ""), (WAITING_ALIAS, "5")],
+                expect: Some(5),
+                why: "empty canonical",
+            },
+            Case {
+                vars: &[(WAITING, "0"), (WAITING_ALIAS, "5")],
+                expect: Some(5),
+                why: "zero canonical",
+            },
+            Case {
+                vars: &[(WAITING, "-3"), (WAITING_ALIAS, "5")],
+                expect: Some(5),
+                why: "negative canonical",
+            },
+            Case {
+                vars: &[(WAITING, " 12 ")],
+                expect: Some(12),
+                why: "trimmed",
+            },
+            Case {
+                vars: &[(WAITING, "0"), (WAITING_ALIAS, "0")],
+                expect: None,
+                why: "both zero: follows the engine",
+            },
+            Case {
+                vars: &[(WAITING_ALIAS, "-5")],
+                expect: None,
+                why: "negative alias",
+            },
+            Case {
+                vars: &[(WAITING, TOO_LARGE)],
+                expect: None,
+                why: "overflowing",
+            },
+        ],
+    );
+}
+
+#[test]
+fn request_queue_limit_accepts_zero_and_prefers_the_canonical_variable() {
+    check(
+        2,
+        &[
+            Case {
+                vars: &[(QUEUE, "40"), (QUEUE_ALIAS, "5")],
+                expect: Some(40),
+                why: "canonical beats alias",
+            },
+            Case {
+                vars: &[(QUEUE_ALIAS, "5")],
+                expect: Some(5),
+                why: "alias alone",
+            },
+            Case {
+                vars: &[(QUEUE, "0"), (QUEUE_ALIAS, "5")],
+                expect: Some(0),
+                why: "zero is valid: no queue",
+            },
+            Case {
+                vars: &[(QUEUE, " 0 "), (QUEUE_ALIAS, "5")],
+                expect: Some(0),
+                why: "trimmed zero beats alias",
+            },
+            Case {
+                vars: &[(QUEUE_ALIAS, "0")],
+                expect: Some(0),
+                why: "zero alias",
+            },
+            Case {
+                vars: &[(QUEUE, "-1"), (QUEUE_ALIAS, "5")],
+                expect: Some(5),
+                why: "negative canonical",
+            },
+            Case {
+                vars: &[(QUEUE, "none"), (QUEUE_ALIAS, "5")],
+                expect: Some(5),
+                why: "non-numeric canonical",
+            },
+            Case {
+                vars: &[(QUEUE, ""), (QUEUE_ALIAS, "")],
+                expect: None,
+                why: "both empty",
+            },
+            Case {
+                vars: &[(QUEUE, TOO_LARGE), (QUEUE_ALIAS, TOO_LARGE)],
+                expect: None,
+                why: "both overflowing",
+            },
+        ],
+    );
+}
+
+#[test]
+fn each_setting_resolves_independently() {
+    let config = AdmissionConfig::from_lookup(env(&[
+        (REQUEST, "bad"),
+        (REQUEST_ALIAS, "8"),
+        (WAITING, "4"),
+        (QUEUE_ALIAS, "0"),
+    ]));
+    assert_eq!(explicit(&config), [Some(8), Some(4), Some(0)]);
+
+    // An overridden engine limit does not change the queue default, which
+    // still follows the engine.
+    let config = AdmissionConfig::from_lookup(env(&[(REQUEST, "3")]));
+    assert_eq!(
+        config.limits_for(Some(EngineCapacity::new(64, 2))),
+        Limits {
+            engine_request_limit: 3,
+            engine_request_waiting_limit: 64,
+            request_queue_limit: 128,
+        }
+    );
+}
+
+#[test]
+fn a_valid_canonical_value_means_the_alias_is_never_read() {
+    let read = RefCell::new(Vec::new());
+    let vars = env(&[
+        (REQUEST, "7"),
+        (REQUEST_ALIAS, "5"),
+        (WAITING, "oops"),
+        (WAITING_ALIAS, "6"),
+        (QUEUE, "0"),
+        (QUEUE_ALIAS, "5"),
+    ]);
+    let config = AdmissionConfig::from_lookup(|name| {
+        read.borrow_mut().push(name.to_owned());
+        vars(name)
+    });
+    assert_eq!(explicit(&config), [Some(7), Some(6), Some(0)]);
+    assert_eq!(*read.borrow(), [REQUEST, WAITING, WAITING_ALIAS, QUEUE]);
+}
+
+#[test]
+fn from_env_reads_the_process_environment() {
+    // The environment is process-wide: set it in a child process running
+    // only `from_env_child`, rather than in this multi-threaded one.
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "from_env_child", "--ignored", "--quiet"])
+        .env(CHILD, "1")
+        .env(REQUEST, "nope")
+        .env(REQUEST_ALIAS, " 11 ")
+        .env(WAITING, "21")
+        .env_remove(WAITING_ALIAS)
+        .env_remove(QUEUE)
+        .env_remove(QUEUE_ALIAS)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the child's assertions failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("1 passed"),
+        "the child ran: {output:?}"
+    );
+}
+
+const CHILD: &str = "TOWER_ADMISSION_TEST_FROM_ENV_CHILD";
+
+#[test]
+#[ignore = "run by from_env_reads_the_process_environment"]
+fn from_env_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let config = AdmissionConfig::from_env();
+    assert_eq!(explicit(&config), [Some(11), Some(21), None]);
+}
+
+/// Captures what `tracing` logs while `f` runs on this thread.
+fn logs_of(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = buffer.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn an_invalid_value_warns_naming_the_variable_and_the_value() {
+    let logs = logs_of(|| {
+        let config = AdmissionConfig::from_lookup(env(&[
+            (REQUEST, " -1 "),
+            (REQUEST_ALIAS, "5"),
+            (QUEUE_ALIAS, "many"),
+        ]));
+        assert_eq!(explicit(&config), [Some(5), None, None]);
+    });
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(lines.len(), 2, "one warning per invalid value:\n{logs}");
+    assert!(lines[0].contains("WARN"), "{logs}");
+    assert!(
+        lines[0].contains(REQUEST) && lines[0].contains("\" -1 \""),
+        "{logs}"
+    );
+    assert!(lines[0].contains("negative"), "{logs}");
+    assert!(
+        lines[0].contains(REQUEST_ALIAS),
+        "says what is used instead: {logs}"
+    );
+    assert!(
+        lines[1].contains(QUEUE_ALIAS) && lines[1].contains("\"many\""),
+        "{logs}"
+    );
+    assert!(lines[1].contains("not an integer"), "{logs}");
+    assert!(lines[1].contains("the default"), "{logs}");
+}
+
+#[test]
+fn valid_and_unset_values_log_nothing() {
+    let logs = logs_of(|| {
+        let _ = AdmissionConfig::from_lookup(env(&[(REQUEST, " 7 "), (QUEUE_ALIAS, "0")]));
+    });
+    assert_eq!(logs, "");
+}
+
+#[cfg(feature = "clap")]
+mod cli {
+    use clap::Parser;
+    use tower_admission::AdmissionArgs;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Worker {
+        #[command(flatten)]
+        admission: AdmissionArgs,
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+    }
+
+    fn parse(args: &[&str]) -> Result<Worker, clap::Error> {
+        Worker::try_parse_from(std::iter::once("worker").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn flags_beat_both_variables_per_setting() {
+        let worker = parse(&[
+            "--engine-request-limit",
+            "3",
+            "--request-queue-limit=0",
+            "--port",
+            "9000",
+        ])
+        .unwrap();
+        assert_eq!(worker.port, 9000);
+        let config = worker.admission.resolve_with(env(&[
+            (REQUEST, "7"),
+            (REQUEST_ALIAS, "5"),
+            (WAITING_ALIAS, "6"),
+            (QUEUE, "40"),
+        ]));
+        assert_eq!(explicit(&config), [Some(3), Some(6), Some(0)]);
+    }
+
+    #[test]
+    fn without_flags_the_environment_and_defaults_decide() {
+        let worker = parse(&[]).unwrap();
+        assert_eq!(worker.admission, AdmissionArgs::default());
+        let config = worker.admission.resolve_with(env(&[(QUEUE, " 0 ")]));
+        assert_eq!(explicit(&config), [None, None, Some(0)]);
+    }
+
+    #[test]
+    fn a_flag_keeps_its_settings_variables_unread() {
+        let worker = parse(&["--engine-request-waiting-limit", "12"]).unwrap();
+        let read = RefCell::new(Vec::new());
+        let config = worker.admission.resolve_with(|name| {
+            read.borrow_mut().push(name.to_owned());
+            None
+        });
+        assert_eq!(explicit(&config), [None, Some(12), None]);
+        assert_eq!(*read.borrow(), [REQUEST, REQUEST_ALIAS, QUEUE, QUEUE_ALIAS]);
+    }
+
+    #[test]
+    fn invalid_flag_values_fail_with_the_flag_and_the_value() {
+        let cases: &[(&[&str], &str, &str)] = &[
+            (&["--engine-request-limit", "0"], "'0'", "positive integer"),
+            (&["--engine-request-limit", "-2"], "'-2'", "negative"),
+            (&["--engine-request-limit=lots"], "'lots'", "not an integer"),
+            (
+                &["--engine-request-waiting-limit", "0"],
+                "'0'",
+                "positive integer",
+            ),
+            (
+                &["--engine-request-waiting-limit", "1.5"],
+                "'1.5'",
+                "not an integer",
+            ),
+            (&["--request-queue-limit", "-1"], "'-1'", "negative"),
+            (&["--request-queue-limit", "x"], "'x'", "not an integer"),
+            (
+                &["--request-queue-limit", TOO_LARGE],
+                TOO_LARGE,
+                "too large",
+            ),
+        ];
+        for &(args, value, reason) in cases {
+            let error = parse(args).expect_err(&format!("{args:?} must fail"));
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{args:?}"
+            );
+            let message = error.to_string();
+            let flag = args[0].split('=').next().unwrap();
+            assert!(message.contains(flag), "names the flag: {message}");
+            assert!(message.contains(value), "names the value: {message}");
+            assert!(message.contains(reason), "says why: {message}");
+        }
+    }
+
+    #[test]
+    fn zero_is_a_valid_queue_limit_flag() {
+        let worker = parse(&["--request-queue-limit", "0"]).unwrap();
+        assert_eq!(worker.admission.request_queue_limit, Some(0));
+    }
+
+    #[test]
+    fn the_help_lists_the_flags_and_their_variables() {
+        let error = parse(&["--help"]).unwrap_err();
+        let help = error.to_string();
+        for needle in [
+            "--engine-request-limit <N>",
+            "--engine-request-waiting-limit <N>",
+            "--request-queue-limit <N>",
+            REQUEST,
+            WAITING_ALIAS,
+            QUEUE_ALIAS,
+        ] {
+            assert!(help.contains(needle), "{needle} in help:\n{help}");
+        }
+    }
+}
