@@ -45,6 +45,8 @@ pub mod http;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 pub mod sizing;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use crate::config::{
     AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, Limits,

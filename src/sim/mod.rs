@@ -1,0 +1,56 @@
+//! A simulated LLM inference engine and workloads, to see what admission
+//! control does under overload without a GPU (feature `sim`).
+//!
+//! - [`SimEngine`]: a continuous-batching engine per data-parallel rank,
+//!   modelled the way serving simulators (Vidur, BLIS) fit real engines —
+//!   `max_num_seqs` running slots, an unbounded waiting queue inside the
+//!   engine, a per-step token budget with chunked prefill, a linear step
+//!   time ([`StepTime`]), and a paged KV cache whose exhaustion preempts
+//!   (recomputes) the newest request. The first token comes after the last
+//!   prefill chunk, then one token per step. Dropping a [`TokenStream`]
+//!   cancels its request.
+//! - [`Workload`]: seeded open-loop arrivals (Poisson, or gamma for
+//!   burstiness) with ShareGPT-like prompt and output lengths.
+//! - [`sweep`]: the overload experiment of `examples/overload.rs` — goodput
+//!   against offered load with no admission control,
+//!   `tower::limit::ConcurrencyLimit`, and the [`Gate`](crate::Gate).
+//!
+//! Run the engine on a current-thread tokio runtime with a paused clock
+//! (`start_paused(true)`, which is why this feature enables tokio's
+//! `test-util`) and it runs in virtual time: a minute of GPU work takes
+//! milliseconds, and a run is deterministic for a seed. On a real-time
+//! clock, [`EngineConfig::time_scale`] speeds it up or slows it down.
+//!
+//! ```
+//! use tower_admission::sim::{EngineConfig, Request, SimEngine};
+//! use tower_admission::{AdmissionConfig, Gate};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true)
+//! #     .build().unwrap().block_on(async {
+//! let engine = SimEngine::new(EngineConfig::default());
+//! let gate = Gate::new(AdmissionConfig::new());
+//! engine.report_to(&gate); // the gate's limits follow max_num_seqs
+//!
+//! let mut permit = gate.acquire(Some(0)).await.expect("room");
+//! let request = Request { prompt_tokens: 161, output_tokens: 338, rank: permit.rank() };
+//! let mut stream = engine.submit(request).unwrap();
+//! stream.next_token().await.unwrap();
+//! permit.first_token();
+//! while stream.next_token().await.is_some() {}
+//! drop(permit); // the response ended
+//! # });
+//! ```
+//!
+//! What the model leaves out: prefix caching, speculative decoding, CUDA
+//! graph padding, swapping instead of recomputing, and per-request variation
+//! in step cost beyond the token counts.
+
+mod engine;
+mod scheduler;
+pub mod sweep;
+mod workload;
+
+pub use self::engine::{
+    EngineConfig, EngineStats, Request, SimEngine, StepTime, SubmitError, Token, TokenStream,
+};
+pub use self::workload::{Arrival, Arrivals, Lengths, Workload};
