@@ -23,7 +23,7 @@ use tower_admission::sim::sweep::{self, Point, Sweep, SweepConfig, System};
 const USAGE: &str = "\
 usage: overload [--fast] [--seed N] [--svg PATH] [--ttft-slo SECONDS]
                 [--tpot-slo MILLISECONDS] [--queue-limit N] [--burstiness SHAPE]
-                [--threads N]
+                [--ranks N] [--threads N]
 
   --fast             small engine (64 sequences), 4 loads, 20 s window
   --seed N           workload seed (default 1)
@@ -33,6 +33,8 @@ usage: overload [--fast] [--seed N] [--svg PATH] [--ttft-slo SECONDS]
   --queue-limit N    the gate's request queue limit per rank
                      (default: 2 x max_num_seqs, following the engine)
   --burstiness K     gamma shape of arrival gaps; 1 = Poisson (default 1)
+  --ranks N          data-parallel ranks of the engine (default 1); requests
+                     are spread over them round-robin
   --threads N        points simulated in parallel (default: all cores)";
 
 struct Options {
@@ -51,7 +53,7 @@ fn parse() -> Result<Options, String> {
             "-h" | "--help" => return Err(String::new()),
             "--svg" => svg = args.next().ok_or("--svg needs a path")?.into(),
             "--seed" | "--ttft-slo" | "--tpot-slo" | "--queue-limit" | "--burstiness"
-            | "--threads" => {
+            | "--ranks" | "--threads" => {
                 let value = args.next().ok_or(format!("{arg} needs a value"))?;
                 flags.push((arg, value));
             }
@@ -89,6 +91,12 @@ fn parse() -> Result<Options, String> {
                 config.burstiness = number()?;
                 if config.burstiness == 0.0 {
                     return Err("--burstiness must be positive".into());
+                }
+            }
+            "--ranks" => {
+                config.engine.dp_ranks = count()?;
+                if config.engine.dp_ranks == 0 {
+                    return Err("--ranks must be positive".into());
                 }
             }
             "--threads" => config.threads = count()?.max(1),

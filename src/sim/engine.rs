@@ -623,6 +623,23 @@ mod tests {
     }
 
     #[test]
+    fn time_scale_stretches_the_clock_the_clients_see() {
+        paused().block_on(async {
+            let config = EngineConfig {
+                time_scale: 10.0,
+                ..EngineConfig::default()
+            };
+            let engine = SimEngine::new(config);
+            let start = Instant::now();
+            let mut stream = engine.submit(request(16, 1)).unwrap();
+            stream.next_token().await.unwrap();
+            // 6.029 ms of model time, 60.29 ms on the clock.
+            assert_eq!(start.elapsed().as_millis(), 61);
+            assert_eq!(engine.stats().busy, Duration::from_micros(6029));
+        });
+    }
+
+    #[test]
     fn dropping_the_stream_cancels_the_request_and_frees_its_slot() {
         paused().block_on(async {
             let config = EngineConfig {

@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tower::limit::ConcurrencyLimit;
 use tower::Service;
+use tower::limit::ConcurrencyLimit;
 
 use super::engine::{EngineConfig, Request, SimEngine, SubmitError, Token, TokenStream};
 use super::workload::{Lengths, Workload};
