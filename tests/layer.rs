@@ -14,6 +14,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_test::{assert_pending, assert_ready, assert_ready_err, assert_ready_ok, task};
 use tower::{BoxError, Layer};
+use tower_admission::FirstTokenDetector;
+use tower_admission::detect::OpenAiSse;
 use tower_admission::http::{Admission, ResponseBody};
 use tower_admission::{
     AdmissionConfig, AdmissionLayer, Counts, DataParallelRank, EngineCapacity, Gate, RankExtension,
@@ -103,10 +105,10 @@ fn no_request(handle: &mut Handle) {
     );
 }
 
+type Polled = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
+
 /// Polls the next frame of `body`.
-fn poll_frame<B: http_body::Body + Unpin>(
-    body: &mut B,
-) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+fn poll_frame<D: FirstTokenDetector + Unpin>(body: &mut ResponseBody<Body, D>) -> Polled {
     task::spawn(()).enter(|cx, _| Pin::new(&mut *body).poll_frame(cx))
 }
 
@@ -601,5 +603,53 @@ async fn a_body_that_ends_with_its_last_data_frame_releases_then() {
 
     assert_ready!(poll_frame(&mut body));
     assert!(body.is_end_stream());
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_role_only_sse_chunk_does_not_end_waiting() {
+    let gate = gate(1, 0);
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .detector(OpenAiSse::default())
+            .layer(inner),
+    );
+    handle.allow(1);
+    let mut future = call(&mut service, request("/v1/chat/completions"));
+    let (_, respond) = next_request(&mut handle);
+    let (frames, body) = streaming_body();
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    respond.send_response(response);
+    let mut body = assert_ready_ok!(future.poll()).into_body();
+
+    for interim in [
+        ": keep-alive\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n\n",
+    ] {
+        frames.send(data(interim)).unwrap();
+        assert_ready!(poll_frame(&mut body));
+        assert_eq!(gate.snapshot().total, counts(1, 1, 0), "{interim:?}");
+    }
+
+    // A token split across two frames ends waiting with the frame that
+    // completes its event.
+    frames
+        .send(data(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n",
+        ))
+        .unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+    frames.send(data("\n")).unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+
+    drop(frames);
+    assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
     assert_eq!(gate.snapshot().total, counts(0, 0, 0));
 }

@@ -45,6 +45,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::{get, post}};
+//! use tower_admission::detect::OpenAiSse;
 //! use tower_admission::{AdmissionConfig, AdmissionLayer, EngineCapacity, Gate, RankHeader};
 //!
 //! let gate = Gate::new(AdmissionConfig::new().capacity(EngineCapacity::new(256, 2)));
@@ -53,6 +54,7 @@
 //!     .route("/v1/completions", post(|| async { "…" }))
 //!     .layer(
 //!         AdmissionLayer::new(gate.clone())
+//!             .detector(OpenAiSse::default())
 //!             .rank(RankHeader::default()),
 //!     )
 //!     .route("/health", get(|| async { "ok" })); // added after: not admitted
@@ -71,20 +73,26 @@
 //!   admitted one. Inside admission it bounds only the inner service, and a
 //!   queued request may wait for as long as the queue takes (the gate has no
 //!   queue timeout by default).
-//! * **Don't stack a `ConcurrencyLimit` or `RateLimit` on top.** They push
+//! * **Don't put a `ConcurrencyLimit` or `RateLimit` in front.** They push
 //!   back in `poll_ready`. Outside admission, requests stall *before* the
 //!   gate sees them: an invisible queue with no bound, no FIFO across
-//!   connections, no overload answer. Inside admission, the stalled
-//!   `poll_ready` is forwarded, so every request — including those the gate
-//!   would reject at once — waits for it. The gate already is the
-//!   concurrency limit; size it instead.
+//!   connections, no overload answer. A `ConcurrencyLimit` also counts a
+//!   request only until its response head, not until its stream ends. The
+//!   gate already is the concurrency limit: size it instead.
+//! * **Pacing goes inside, behind a `Buffer`.** `Admission` needs a `Clone`
+//!   inner service, because a queued request calls the service later, from
+//!   its response future (the `mem::replace` pattern of `tower-service`).
+//!   `RateLimit` is not `Clone`, and its stalled `poll_ready` would be
+//!   forwarded, holding back even requests the gate rejects at once. Behind a
+//!   `Buffer`, the gate decides at call time and only admitted requests wait
+//!   for the limiter (still counted as admitted while they do).
 //! * **`LoadShed` outside** sheds only when the inner service is not ready
 //!   (admission itself is always ready when its inner service is), and
 //!   answers with an error, not an overload response. Admission's rejections
 //!   replace it.
 //! * **Compression goes outside.** The detector must see the bytes the
-//!   inner service produced: an `OpenAiSse` detector cannot read compressed
-//!   event streams, and waiting would only end at completion.
+//!   inner service produced: an `OpenAiSse` detector cannot read a
+//!   compressed event stream, so waiting would end in the wrong place.
 //! * **Tracing and metrics go outside**, so that they see overload answers.
 //! * **Routes**: axum's `Router::layer` wraps each route separately, and
 //!   all of them share the layer's gate. Routes added after the layer (health

@@ -25,7 +25,7 @@ use http::{HeaderName, Request};
 ///
 /// let layer = AdmissionLayer::new(Gate::new(AdmissionConfig::new()))
 ///     .rank(|req: &http::Request<axum::body::Body>| {
-///         req.uri().path().strip_prefix("/rank/")?.parse().ok()
+///         req.uri().path().strip_prefix("/rank/")?.parse::<u32>().ok()
 ///     });
 /// # let _ = layer;
 /// ```
