@@ -158,7 +158,9 @@ fn main() -> ExitCode {
     bar.finish_and_clear();
 
     println!(
-        "capacity (closed loop, engine kept full): {capacity:.1} req/s\n\n{}",
+        "capacity (closed loop, engine kept full): {capacity:.1} req/s\n\n{}\n\
+         TTFT: \">\" marks a lower bound (requests still without a first token when the run ended)\n\
+         engine queue: the longest the engine's own waiting queue got",
         table(&result)
     );
     if let Some(parent) = svg.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -183,13 +185,13 @@ fn table(result: &Sweep) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10}",
-        "system", "load", "offered", "goodput", "rejected", "p50 TTFT", "p99 TTFT"
+        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
+        "system", "load", "offered", "goodput", "rejected", "p50 TTFT", "p99 TTFT", "engine"
     );
     let _ = writeln!(
         out,
-        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10}",
-        "", "", "req/s", "req/s", "", "admitted", "admitted"
+        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
+        "", "", "req/s", "req/s", "", "admitted", "admitted", "queue"
     );
     let mut previous = None;
     for point in &result.points {
@@ -212,7 +214,7 @@ fn row(point: &Point) -> String {
     };
     let latency = |p: Option<sweep::Percentile>| p.map_or("-".to_string(), |p| p.to_string());
     format!(
-        "{:<24} {:>4}x {:>9.1} {:>9.1} {:>8.0}% {:>10} {:>10}",
+        "{:<24} {:>4}x {:>9.1} {:>9.1} {:>8.0}% {:>10} {:>10} {:>8}",
         point.system.name(),
         point.load,
         point.offered,
@@ -220,6 +222,7 @@ fn row(point: &Point) -> String {
         percent(point.rejected),
         latency(point.ttft_p50),
         latency(point.ttft_p99),
+        point.engine_queue_peak,
     )
 }
 

@@ -241,6 +241,10 @@ pub struct Point {
     pub ttft_p99: Option<Percentile>,
     /// Preemptions in the engine over the whole run.
     pub preemptions: u64,
+    /// The longest the engine's own waiting queue got over the run (sampled
+    /// at each arrival): where the excess load waits without admission
+    /// control.
+    pub engine_queue_peak: usize,
     /// Simulated length of the run.
     pub simulated: Duration,
 }
@@ -439,6 +443,8 @@ struct Ledger {
     open: usize,
     /// Whether arrivals have gone past the end of the window.
     window_over: bool,
+    /// The longest engine waiting queue seen at an arrival.
+    engine_queue_peak: usize,
 }
 
 struct Record {
@@ -506,10 +512,16 @@ async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64
     let generator = tokio::spawn({
         let ledger = Arc::clone(&ledger);
         let notify = Arc::clone(&notify);
+        let engine = engine.clone();
         async move {
             for (index, arrival) in arrivals.enumerate() {
                 let at = start + arrival.at;
                 tokio::time::sleep_until(at).await;
+                let engine_queue = engine.stats().waiting;
+                {
+                    let mut ledger_now = lock(&ledger);
+                    ledger_now.engine_queue_peak = ledger_now.engine_queue_peak.max(engine_queue);
+                }
                 let entry = if at < window_start {
                     None
                 } else if at < window_end {
@@ -558,18 +570,28 @@ async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64
     }
     let end = Instant::now();
     generator.abort();
-    let preemptions = engine.stats().preemptions;
     let ledger = lock(&ledger);
-    summarize(
-        config,
+    let Outcomes {
+        rejected,
+        completed,
+        good,
+        mut ttfts,
+    } = Outcomes::of(&ledger.records, config.slo, end);
+    Point {
         system,
         load,
         offered,
-        &ledger.records,
-        end,
-        preemptions,
-        start,
-    )
+        arrived: ledger.records.len(),
+        rejected,
+        completed,
+        good,
+        goodput: good as f64 / config.window.as_secs_f64(),
+        ttft_p50: Percentile::of(&mut ttfts, 0.50),
+        ttft_p99: Percentile::of(&mut ttfts, 0.99),
+        preemptions: engine.stats().preemptions,
+        engine_queue_peak: ledger.engine_queue_peak,
+        simulated: end - start,
+    }
 }
 
 /// One client: waits (without giving up) for its request to start, then
@@ -639,54 +661,45 @@ async fn client(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn summarize(
-    config: &SweepConfig,
-    system: System,
-    load: f64,
-    offered: f64,
-    records: &[Record],
-    end: Instant,
-    preemptions: u64,
-    start: Instant,
-) -> Point {
-    let mut rejected = 0;
-    let mut completed = 0;
-    let mut good = 0;
-    let mut ttfts = Vec::with_capacity(records.len());
-    for record in records {
-        if record.rejected {
-            rejected += 1;
-            continue;
-        }
-        let ttft = match record.first_token {
-            Some(first) => (first - record.arrival, false),
-            None => (end - record.arrival, true),
+/// Counts over the records of the window.
+struct Outcomes {
+    rejected: usize,
+    completed: usize,
+    good: usize,
+    /// Time to first token of each request that was not rejected, and
+    /// whether it is only a lower bound (no first token when the run ended).
+    ttfts: Vec<(Duration, bool)>,
+}
+
+impl Outcomes {
+    fn of(records: &[Record], slo: Slo, end: Instant) -> Outcomes {
+        let mut outcomes = Outcomes {
+            rejected: 0,
+            completed: 0,
+            good: 0,
+            ttfts: Vec::with_capacity(records.len()),
         };
-        ttfts.push(ttft);
-        let (Some(first), Some(finished)) = (record.first_token, record.finished) else {
-            continue;
-        };
-        completed += 1;
-        let gaps = u32::try_from(record.tokens.saturating_sub(1)).unwrap_or(u32::MAX);
-        let tpot = (finished - first).checked_div(gaps).unwrap_or_default();
-        if ttft.0 <= config.slo.ttft && tpot <= config.slo.tpot {
-            good += 1;
+        for record in records {
+            if record.rejected {
+                outcomes.rejected += 1;
+                continue;
+            }
+            let ttft = match record.first_token {
+                Some(first) => (first - record.arrival, false),
+                None => (end - record.arrival, true),
+            };
+            outcomes.ttfts.push(ttft);
+            let (Some(first), Some(finished)) = (record.first_token, record.finished) else {
+                continue;
+            };
+            outcomes.completed += 1;
+            let gaps = u32::try_from(record.tokens.saturating_sub(1)).unwrap_or(u32::MAX);
+            let tpot = (finished - first).checked_div(gaps).unwrap_or_default();
+            if ttft.0 <= slo.ttft && tpot <= slo.tpot {
+                outcomes.good += 1;
+            }
         }
-    }
-    Point {
-        system,
-        load,
-        offered,
-        arrived: records.len(),
-        rejected,
-        completed,
-        good,
-        goodput: good as f64 / config.window.as_secs_f64(),
-        ttft_p50: Percentile::of(&mut ttfts, 0.50),
-        ttft_p99: Percentile::of(&mut ttfts, 0.99),
-        preemptions,
-        simulated: end - start,
+        outcomes
     }
 }
 
