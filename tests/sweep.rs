@@ -39,7 +39,18 @@ fn the_gate_holds_goodput_at_four_times_capacity_where_no_admission_collapses() 
             "{system} at 4x: {goodput:.1} req/s, gate peak {peak:.1}: {point:?}"
         );
         assert_eq!(point.rejected, 0, "{system} turns nothing away");
+        // ... and the excess waits inside the engine, out of sight.
+        assert!(
+            point.engine_queue_peak > 10 * config.engine.max_num_seqs,
+            "{system}: {point:?}"
+        );
     }
+    // With the gate it waits outside: the engine holds at most what the
+    // gate admitted (max_num_seqs), and only a few wait for a prefill slot.
+    assert!(
+        gate_point.engine_queue_peak < config.engine.max_num_seqs,
+        "{gate_point:?}"
+    );
 }
 
 #[test]
