@@ -25,7 +25,8 @@
 //! | `engine_request_waiting_seconds` | histogram | | admission to first token or completion: the W of Little's law |
 //!
 //! After settling, `request_receive_total` = `request_admit_total` (both
-//! sources) + `rejection_total` (both scopes) + `cancellation_total`.
+//! sources) + `rejection_total` (both scopes) + `cancellation_total`, per
+//! `dp_rank` while the ranks do not change.
 //!
 //! The three limit gauges show the configured per-rank limits under each
 //! rank's `dp_rank`. Under `dp_rank="unspecified"` they show the combined
@@ -33,7 +34,9 @@
 //! unranked requests draw on; before the engine reports, the gate assumes
 //! one rank and every request is unranked. A rank that vanishes in a
 //! capacity report keeps its series, with every gauge at 0: its requests
-//! are counted as unranked from then on.
+//! are counted as unranked from then on, so a request received on it ends
+//! under `dp_rank="unspecified"`, and the sum above holds for the worker's
+//! totals rather than per `dp_rank`.
 //!
 //! # Recording
 //!
@@ -45,10 +48,18 @@
 //! creating the [`Gate`](crate::Gate); events then touch pre-registered
 //! handles and allocate nothing.
 //!
-//! Queue and waiting times are measured with `std::time::Instant`: the clock is read
-//! once at each arrival, once per event that admits queued requests, and
-//! once when a request's waiting ends. Without the `metrics` feature the
-//! gate never reads the clock.
+//! One gate registers one set of series: two gates in one process need
+//! different prefixes, or they overwrite each other's gauges.
+//!
+//! For a request admitted from the queue, admission is the moment the gate
+//! offered it capacity: its queue wait ends and its engine waiting time
+//! begins there, as its counts move from the queue to the engine.
+//!
+//! Queue and waiting times are measured with `std::time::Instant`: the
+//! clock is read at each arrival and when a request's waiting ends, before
+//! taking the gate's lock, and once inside it for an event that admits
+//! queued requests. Without the `metrics` feature the gate never reads the
+//! clock.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
