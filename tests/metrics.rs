@@ -277,7 +277,7 @@ fn the_prefix_gives_the_source_systems_names() {
 }
 
 #[test]
-fn every_family_is_described_once_with_its_unit() {
+fn every_family_is_described_with_its_unit() {
     let recorder = DebuggingRecorder::new();
     metrics::with_local_recorder(&recorder, || {
         let _gate = Gate::new(AdmissionConfig::new().capacity(EngineCapacity::new(4, 2)));
