@@ -345,6 +345,9 @@ async fn a_busy_rank_gets_rank_scoped_answers_and_never_blocks_another() {
     assert_eq!(worker.total(), counts(0, 0, 0));
 }
 
+/// The reason phrase is written by hyper, from the response extension the
+/// layer sets with feature `hyper`.
+#[cfg(feature = "hyper")]
 #[tokio::test]
 async fn the_status_line_says_the_site_is_overloaded() {
     let gate = unranked_gate(1, 0);
