@@ -180,6 +180,9 @@ impl Gate {
     pub fn new(config: AdmissionConfig) -> Gate {
         #[cfg(feature = "metrics")]
         let metrics = Recorder::new(&config);
+        // The clock calibrates on first use; pay for it here rather than in
+        // the first request's path.
+        let _ = Stamp::now();
         let state = State::new(config);
         let gate = Gate {
             inner: Arc::new(Inner {
@@ -218,13 +221,13 @@ impl Gate {
                 drop(state);
                 Step::Decided(Some(Ok(Permit::new(self.clone(), grant, now))))
             }
-            Arrival::Queued(ticket) => Step::Queued(ticket),
+            Arrival::Queued(ticket) => Step::Queued {
+                gate: self.clone(),
+                ticket,
+            },
             Arrival::Rejected(scope) => Step::Decided(Some(Err(Overloaded { scope }))),
         };
-        Acquire {
-            gate: self.clone(),
-            step,
-        }
+        Acquire { step }
     }
 
     /// The engine reports its capacity: defaults follow it, explicit
@@ -273,6 +276,9 @@ impl Gate {
     /// Ends a critical section: wakes every request the event admitted,
     /// after releasing the lock.
     fn wake_offered(&self, mut state: MutexGuard<'_, State<Waiter>>) {
+        if !state.has_offers() {
+            return;
+        }
         let mut wakers = Vec::new();
         let mut now = None;
         state.drain_offered(|waiter| {
@@ -314,20 +320,22 @@ impl Gate {
 /// to the next waiter.
 #[must_use = "a queued request waits only while its Acquire is polled or held"]
 pub struct Acquire {
-    gate: Gate,
     step: Step,
 }
 
 enum Step {
+    /// Admitted or rejected on arrival; taken by the first poll.
     Decided(Option<Result<Permit, Overloaded>>),
-    Queued(Ticket),
+    /// Waiting in the gate's queue.
+    Queued { gate: Gate, ticket: Ticket },
+    /// Admitted from the queue and handed over.
     Done,
 }
 
 impl Acquire {
     /// Whether the request is waiting in the gate's queue.
     pub fn is_queued(&self) -> bool {
-        matches!(self.step, Step::Queued(_))
+        matches!(self.step, Step::Queued { .. })
     }
 }
 
@@ -336,7 +344,7 @@ impl fmt::Debug for Acquire {
         let step = match &self.step {
             Step::Decided(Some(Ok(_))) => "admitted",
             Step::Decided(Some(Err(_))) => "rejected",
-            Step::Queued(_) => "queued",
+            Step::Queued { .. } => "queued",
             Step::Decided(None) | Step::Done => "done",
         };
         f.debug_struct("Acquire").field("step", &step).finish()
@@ -352,9 +360,9 @@ impl Future for Acquire {
             Step::Decided(decision) => {
                 Poll::Ready(decision.take().expect("Acquire polled after completion"))
             }
-            Step::Queued(ticket) => {
+            Step::Queued { gate, ticket } => {
                 let ticket = *ticket;
-                let mut state = this.gate.lock();
+                let mut state = gate.lock();
                 // Read before `poll` hands the admission over and drops the waiter.
                 let offered_at = state.payload_mut(ticket).offered_at;
                 #[cfg(feature = "metrics")]
@@ -362,13 +370,15 @@ impl Future for Acquire {
                 match state.poll(ticket) {
                     Polled::Admitted(grant) => {
                         #[cfg(feature = "metrics")]
-                        this.gate
-                            .inner
+                        gate.inner
                             .metrics
                             .on_admitted_from_queue(&state, &grant, queued_at, offered_at);
                         drop(state);
-                        this.step = Step::Done;
-                        Poll::Ready(Ok(Permit::new(this.gate.clone(), grant, offered_at)))
+                        let Step::Queued { gate, .. } = std::mem::replace(&mut this.step, Step::Done)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        Poll::Ready(Ok(Permit::new(gate, grant, offered_at)))
                     }
                     Polled::Waiting => {
                         let waker = &mut state.payload_mut(ticket).waker;
@@ -387,14 +397,14 @@ impl Future for Acquire {
 
 impl Drop for Acquire {
     fn drop(&mut self) {
-        if let Step::Queued(ticket) = self.step {
-            let mut state = self.gate.lock();
+        if let Step::Queued { gate, ticket } = &self.step {
+            let mut state = gate.lock();
             #[cfg(feature = "metrics")]
-            let bucket = state.ticket_rank(ticket);
-            state.cancel(ticket);
+            let bucket = state.ticket_rank(*ticket);
+            state.cancel(*ticket);
             #[cfg(feature = "metrics")]
-            self.gate.inner.metrics.on_cancelled(&state, bucket);
-            self.gate.wake_offered(state);
+            gate.inner.metrics.on_cancelled(&state, bucket);
+            gate.wake_offered(state);
         }
     }
 }

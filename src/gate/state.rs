@@ -356,6 +356,9 @@ impl<T> State<T> {
     /// Visits the payload of every request offered an admission since the
     /// last call, so the driver can wake its waiter.
     pub(crate) fn drain_offered(&mut self, mut visit: impl FnMut(&mut T)) {
+        if self.offered.is_empty() {
+            return;
+        }
         for ticket in self.offered.drain(..) {
             // An offered entry stays in the slab until polled or cancelled,
             // and neither can happen before the driver drains.
@@ -363,7 +366,14 @@ impl<T> State<T> {
         }
     }
 
+    /// Whether any request was offered an admission since the last drain.
+    #[inline]
+    pub(crate) fn has_offers(&self) -> bool {
+        !self.offered.is_empty()
+    }
+
     /// The rank a live ticket's request is counted under.
+    #[cfg(feature = "metrics")]
     pub(crate) fn ticket_rank(&self, ticket: Ticket) -> Option<u32> {
         match &self.entries[ticket].status {
             Status::Offered(grant) => self.grant_rank(grant),
@@ -376,6 +386,7 @@ impl<T> State<T> {
 
     /// The rank a grant's capacity is counted under now (`None` once its
     /// rank vanished, or when unranked).
+    #[cfg(feature = "metrics")]
     pub(crate) fn grant_rank(&self, grant: &Grant) -> Option<u32> {
         match self.current_bucket(grant.held) {
             BucketKey::Unranked => None,
@@ -384,6 +395,7 @@ impl<T> State<T> {
     }
 
     /// Counts of the bucket requests for `rank` are counted under.
+    #[cfg(feature = "metrics")]
     pub(crate) fn counts_of(&self, rank: Option<u32>) -> Counts {
         self.bucket(self.recognise(rank)).counts
     }
@@ -440,11 +452,13 @@ impl<T> State<T> {
     }
 
     /// Queued requests plus offers not yet handed over.
+    #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
         self.entries.len()
     }
 
     /// The rank a request for `rank` is counted under right now.
+    #[cfg(feature = "metrics")]
     pub(crate) fn recognised(&self, rank: Option<u32>) -> Option<u32> {
         match self.recognise(rank) {
             BucketKey::Unranked => None,
@@ -667,7 +681,14 @@ impl<T> State<T> {
     /// Admits the oldest queued request that fits, while one does. Within a
     /// queue every request needs the same capacity, so only queue heads can
     /// be the oldest that fits.
+    #[inline]
     fn dequeue(&mut self) {
+        if self.total.queued > 0 {
+            self.dequeue_slow();
+        }
+    }
+
+    fn dequeue_slow(&mut self) {
         while self.total.queued > 0 {
             let mut oldest: Option<(u64, Ticket)> = None;
             let heads = std::iter::once(BucketKey::Unranked).chain(
