@@ -1,0 +1,789 @@
+//! An OpenAI-compatible inference server on the simulated engine, with
+//! admission control in front of it.
+//!
+//! ```text
+//! cargo run --example openai_server --features sim,clap -- --max-num-seqs 4 --time-scale 2
+//! ```
+//!
+//! Routes: `POST /v1/chat/completions` and `POST /v1/completions` (server-sent
+//! events when `"stream": true`, JSON otherwise), `GET /metrics` (Prometheus
+//! text: the gate's series and the simulated engine's) and `GET /health`.
+//! Both generation routes share one gate; its waiting capacity ends at the
+//! first chunk that carries a token ([`OpenAiSse`]), and the rank comes from
+//! the `x-data-parallel-rank` header. `/metrics` and `/health` sit outside
+//! the gate: an overloaded worker still answers its probes.
+//!
+//! ```text
+//! curl -N localhost:8000/v1/chat/completions -H 'content-type: application/json' \
+//!   -d '{"model":"sim","messages":[{"role":"user","content":"Hi"}],"stream":true,"max_tokens":8}'
+//! ```
+//!
+//! The first line on stdout is `listening on http://ADDRESS`, so a script
+//! can start it with `--listen 127.0.0.1:0` and read the port. Ctrl-C or
+//! SIGTERM stops it: no new connections, and open responses get a few
+//! seconds to finish.
+//!
+//! Requests pass the gate before their body is read: an overloaded server
+//! answers even a malformed request with its overload answer. Errors of the
+//! request itself are `400` with an OpenAI-style body (`"type":
+//! "invalid_request_error"`). Prompt tokens are estimated from the text (four
+//! bytes a token); the answer is `max_completion_tokens` or `max_tokens`
+//! synthetic words (`finish_reason: "length"`), or `--default-max-tokens`
+//! words (`"stop"`) when the request sets neither.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use futures::Stream;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tower_admission::detect::OpenAiSse;
+use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
+use tower_admission::{AdmissionArgs, AdmissionLayer, Gate, RankExtractor, RankHeader};
+
+use common::{EngineArgs, Plan};
+
+/// An OpenAI-compatible server on a simulated continuous-batching engine,
+/// behind tower-admission's gate.
+#[derive(Debug, Parser)]
+#[command(name = "openai_server")]
+struct Args {
+    /// Address to listen on; port 0 picks a free port (printed on the
+    /// first line of stdout)
+    #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+
+    #[command(flatten)]
+    engine: EngineArgs,
+
+    #[command(flatten)]
+    admission: AdmissionArgs,
+
+    /// HTTP status of overload answers: 529 (default), or e.g. 503 or 429
+    #[arg(long, value_name = "STATUS", default_value = "529", value_parser = overload_status)]
+    overload_status: StatusCode,
+
+    /// Serve without the gate, to compare: every request goes straight to
+    /// the engine, whose own queue grows without bound
+    #[arg(long)]
+    no_admission: bool,
+
+    /// Prefix of the gate's metric names (dynamo_backend_admission gives the
+    /// source system's names)
+    #[arg(long, value_name = "PREFIX", default_value = tower_admission::metrics::DEFAULT_PREFIX)]
+    metrics_prefix: String,
+}
+
+fn overload_status(raw: &str) -> Result<StatusCode, String> {
+    raw.trim()
+        .parse::<u16>()
+        .ok()
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .filter(|status| status.is_client_error() || status.is_server_error())
+        .ok_or_else(|| format!("{raw:?} is not an HTTP error status (400-599)"))
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+struct App {
+    engine: SimEngine,
+    engine_args: Arc<EngineArgs>,
+    /// The same extractor as the gate's, so that the engine runs a request
+    /// on the rank the gate counted it on.
+    rank: RankHeader,
+    ids: Arc<Ids>,
+    metrics: PrometheusHandle,
+}
+
+/// Response ids: unique within the process, and across restarts.
+struct Ids {
+    epoch: u64,
+    next: AtomicU64,
+}
+
+impl Ids {
+    fn new() -> Ids {
+        let epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64);
+        Ids {
+            epoch,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self, prefix: &str) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:016x}{n:08x}", self.epoch)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    common::init_logging();
+
+    // The recorder must be installed before the gate registers its series.
+    let metrics = match PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            &[
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ],
+        )
+        .and_then(PrometheusBuilder::install_recorder)
+    {
+        Ok(handle) => handle,
+        Err(error) => {
+            eprintln!("error: cannot install the Prometheus recorder: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    describe_engine_stats();
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+
+    let engine = args.engine.start();
+    let rank = RankHeader::default();
+    let app = App {
+        engine: engine.clone(),
+        engine_args: Arc::new(args.engine.clone()),
+        rank: rank.clone(),
+        ids: Arc::new(Ids::new()),
+        metrics,
+    };
+
+    let mut router = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions));
+    let admission = if args.no_admission {
+        "admission: off (--no-admission): every request goes straight to the engine".to_owned()
+    } else {
+        let config = args
+            .admission
+            .resolve()
+            .metrics_prefix(&args.metrics_prefix);
+        let gate = Gate::new(config);
+        engine.report_to(&gate);
+        let limits = gate.limits();
+        // One gate for every generation route: `Router::layer` wraps each
+        // route with a clone of the layer, and clones share the gate.
+        router = router.layer(
+            AdmissionLayer::new(gate)
+                .detector(OpenAiSse::default())
+                .rank(rank)
+                .overload_status(args.overload_status),
+        );
+        format!(
+            "admission: per rank engine request limit {}, engine request waiting limit {}, \
+             request queue limit {}; overload status {}; metrics prefix {}",
+            limits.engine_request_limit,
+            limits.engine_request_waiting_limit,
+            limits.request_queue_limit,
+            args.overload_status.as_u16(),
+            args.metrics_prefix,
+        )
+    };
+    let router = router
+        .route("/metrics", get(metrics_text))
+        .route("/health", get(|| async { "ok\n" }))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app);
+
+    let listener = match TcpListener::bind(args.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("error: cannot listen on {}: {error}", args.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let address = match listener.local_addr() {
+        Ok(address) => address,
+        Err(error) => {
+            eprintln!("error: no local address: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Printed at once (stdout is line-buffered): scripts wait for this line.
+    println!("listening on http://{address}");
+    println!("{}", args.engine.describe());
+    println!("{admission}");
+    println!("routes: POST /v1/chat/completions, POST /v1/completions, GET /metrics, GET /health");
+
+    let served = common::serve_until_shutdown(|signal| {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(signal)
+            .into_future()
+    })
+    .await;
+    match served {
+        Ok(()) => {
+            eprintln!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: the server failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    model: String,
+    messages: Vec<ChatMessage>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    n: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentPart {
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    model: String,
+    prompt: Prompt,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u64>,
+    n: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    TokenIds(Vec<u32>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Tokens a chat template adds around each message, and to prime the reply
+/// (OpenAI's accounting for its chat models).
+const TOKENS_PER_MESSAGE: usize = 3;
+const TOKENS_PER_REPLY: usize = 3;
+
+impl ChatRequest {
+    fn prompt_tokens(&self) -> usize {
+        let content = |message: &ChatMessage| match &message.content {
+            None => 0,
+            Some(Content::Text(text)) => common::estimate_tokens(text),
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .filter_map(|part| part.text.as_deref())
+                .map(common::estimate_tokens)
+                .sum(),
+        };
+        self.messages
+            .iter()
+            .map(|message| {
+                TOKENS_PER_MESSAGE + common::estimate_tokens(&message.role) + content(message)
+            })
+            .sum::<usize>()
+            + TOKENS_PER_REPLY
+    }
+}
+
+impl CompletionRequest {
+    fn prompt_tokens(&self) -> Result<usize, ApiError> {
+        match &self.prompt {
+            Prompt::Text(text) => Ok(common::estimate_tokens(text)),
+            Prompt::Texts(texts) if texts.len() == 1 => Ok(common::estimate_tokens(&texts[0])),
+            Prompt::Texts(_) => Err(ApiError::invalid(
+                "prompt: exactly one prompt per request is supported",
+            )),
+            Prompt::TokenIds(ids) => Ok(ids.len()),
+        }
+    }
+}
+
+fn single_choice(n: Option<u64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::invalid(format!(
+            "n: only one choice per request is supported, got {n}"
+        ))),
+    }
+}
+
+/// Reads a JSON body, turning every way it can be wrong into a `400` (or
+/// `413` when too large) with an OpenAI-style error.
+async fn read_json<T: DeserializeOwned>(request: Request) -> Result<T, ApiError> {
+    let is_json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ApiError::invalid(
+            "the request body must be JSON with Content-Type: application/json",
+        ));
+    }
+    let body = Bytes::from_request(request, &())
+        .await
+        .map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
+    serde_json::from_slice(&body)
+        .map_err(|error| ApiError::invalid(format!("invalid request body: {error}")))
+}
+
+// ---------------------------------------------------------------------------
+// Handlers
+
+async fn chat_completions(State(app): State<App>, request: Request) -> Response {
+    chat(app, request)
+        .await
+        .unwrap_or_else(|error| error.into_response())
+}
+
+async fn chat(app: App, request: Request) -> Result<Response, ApiError> {
+    let rank = app.rank.rank(&request);
+    let body: ChatRequest = read_json(request).await?;
+    single_choice(body.n)?;
+    if body.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages: at least one message is required",
+        ));
+    }
+    let max_tokens = body.max_completion_tokens.or(body.max_tokens);
+    let plan = app
+        .engine_args
+        .plan(body.prompt_tokens(), max_tokens)
+        .map_err(ApiError::invalid)?;
+    let tokens = app.submit(plan, rank)?;
+    let answer = Answer {
+        api: Api::Chat,
+        id: app.ids.next("chatcmpl"),
+        created: unix_seconds(),
+        model: body.model,
+        plan,
+    };
+    if body.stream.unwrap_or(false) {
+        let include_usage = body.stream_options.unwrap_or_default().include_usage;
+        Ok(answer.stream(tokens, include_usage).into_response())
+    } else {
+        Ok(answer.collect(tokens).await.into_response())
+    }
+}
+
+async fn completions(State(app): State<App>, request: Request) -> Response {
+    complete(app, request)
+        .await
+        .unwrap_or_else(|error| error.into_response())
+}
+
+async fn complete(app: App, request: Request) -> Result<Response, ApiError> {
+    let rank = app.rank.rank(&request);
+    let body: CompletionRequest = read_json(request).await?;
+    single_choice(body.n)?;
+    let plan = app
+        .engine_args
+        .plan(body.prompt_tokens()?, body.max_tokens)
+        .map_err(ApiError::invalid)?;
+    let tokens = app.submit(plan, rank)?;
+    let answer = Answer {
+        api: Api::Completion,
+        id: app.ids.next("cmpl"),
+        created: unix_seconds(),
+        model: body.model,
+        plan,
+    };
+    if body.stream.unwrap_or(false) {
+        let include_usage = body.stream_options.unwrap_or_default().include_usage;
+        Ok(answer.stream(tokens, include_usage).into_response())
+    } else {
+        Ok(answer.collect(tokens).await.into_response())
+    }
+}
+
+impl App {
+    /// Hands a validated request to the engine, on the gate's rank for it
+    /// (a rank the engine does not have is unranked for the gate too).
+    fn submit(&self, plan: Plan, rank: Option<u32>) -> Result<TokenStream, ApiError> {
+        let ranks = self.engine.config().dp_ranks;
+        let rank = rank.filter(|&rank| (rank as usize) < ranks);
+        self.engine
+            .submit(EngineRequest {
+                prompt_tokens: plan.prompt_tokens,
+                output_tokens: plan.output_tokens,
+                rank,
+            })
+            .map_err(|error| match error {
+                SubmitError::TooLong { .. } | SubmitError::UnknownRank(_) => {
+                    ApiError::invalid(error.to_string())
+                }
+                SubmitError::Stopped => ApiError::unavailable(error.to_string()),
+            })
+    }
+}
+
+async fn metrics_text(State(app): State<App>) -> Response {
+    record_engine_stats(&app.engine);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+fn describe_engine_stats() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        "sim_engine_running_requests",
+        "Requests in the simulated engine's running batch."
+    );
+    describe_gauge!(
+        "sim_engine_waiting_requests",
+        "Requests in the simulated engine's own waiting queue (unbounded, inside the engine)."
+    );
+    describe_gauge!("sim_engine_kv_blocks_used", "KV cache blocks in use.");
+    describe_counter!(
+        "sim_engine_completed_total",
+        "Requests that generated all their tokens."
+    );
+    describe_counter!(
+        "sim_engine_cancelled_total",
+        "Requests cancelled in the engine before they completed."
+    );
+    describe_counter!(
+        "sim_engine_preemptions_total",
+        "Requests preempted (recomputed) for lack of KV cache."
+    );
+}
+
+/// The simulated engine's own occupancy, per rank, read at each scrape:
+/// without admission control the excess shows up in its waiting queue.
+fn record_engine_stats(engine: &SimEngine) {
+    for rank in 0..engine.config().dp_ranks {
+        let stats = engine.rank_stats(rank as u32);
+        let labels = [("dp_rank", rank.to_string())];
+        metrics::gauge!("sim_engine_running_requests", &labels).set(stats.running as f64);
+        metrics::gauge!("sim_engine_waiting_requests", &labels).set(stats.waiting as f64);
+        metrics::gauge!("sim_engine_kv_blocks_used", &labels).set(stats.kv_blocks_used as f64);
+        metrics::counter!("sim_engine_completed_total", &labels).absolute(stats.completed);
+        metrics::counter!("sim_engine_cancelled_total", &labels).absolute(stats.cancelled);
+        metrics::counter!("sim_engine_preemptions_total", &labels).absolute(stats.preemptions);
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such route; try POST /v1/chat/completions or POST /v1/completions",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this route",
+    )
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+// ---------------------------------------------------------------------------
+// Answers
+
+/// An OpenAI-style error: `{"error":{"message","type","param","code"}}`.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind: "invalid_request_error",
+            message: message.into(),
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": null,
+                "code": self.status.as_u16(),
+            }
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Completion,
+}
+
+/// The answer to one request, in either API's shapes.
+struct Answer {
+    api: Api,
+    id: String,
+    created: u64,
+    model: String,
+    plan: Plan,
+}
+
+impl Answer {
+    fn usage(&self, completion_tokens: usize) -> Value {
+        json!({
+            "prompt_tokens": self.plan.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.plan.prompt_tokens + completion_tokens,
+        })
+    }
+
+    /// A whole answer, once the engine has generated every token.
+    async fn collect(self, mut tokens: TokenStream) -> Json<Value> {
+        let mut text = String::new();
+        let mut generated = 0;
+        while let Some(token) = tokens.next_token().await {
+            text.push_str(&common::token_text(token.index));
+            generated += 1;
+        }
+        let finish_reason = self.plan.finish_reason.as_str();
+        let choice = match self.api {
+            Api::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }),
+            Api::Completion => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }),
+        };
+        let object = match self.api {
+            Api::Chat => "chat.completion",
+            Api::Completion => "text_completion",
+        };
+        let mut whole = self.envelope(object, json!([choice]));
+        whole["usage"] = self.usage(generated);
+        Json(whole)
+    }
+
+    /// A streamed answer: (chat) a role-only chunk, one chunk per token, a
+    /// chunk with the `finish_reason`, (with `include_usage`) a usage chunk,
+    /// then `[DONE]`. Dropping it (the client went away) cancels the
+    /// request in the engine.
+    fn stream(
+        self,
+        tokens: TokenStream,
+        include_usage: bool,
+    ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+        let generation = Generation {
+            answer: self,
+            tokens,
+            generated: 0,
+            include_usage,
+            phase: Phase::Role,
+        };
+        let events = futures::stream::unfold(generation, |mut generation| async move {
+            let data = generation.next_event().await?;
+            Some((Ok(Event::default().data(data)), generation))
+        });
+        Sse::new(events).keep_alive(KeepAlive::default())
+    }
+
+    /// The fields every answer and chunk has, around `choices`.
+    fn envelope(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+
+    fn chunk_object(&self) -> &'static str {
+        match self.api {
+            Api::Chat => "chat.completion.chunk",
+            Api::Completion => "text_completion",
+        }
+    }
+
+    /// One streamed chunk with one choice; `usage: null` on every chunk but
+    /// the usage chunk when the client asked for usage, as OpenAI does.
+    fn chunk(&self, choice: Value, include_usage: bool) -> String {
+        let mut chunk = self.envelope(self.chunk_object(), json!([choice]));
+        if include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk.to_string()
+    }
+
+    /// The last chunk when the client asked for usage: no choices.
+    fn usage_chunk(&self, completion_tokens: usize) -> String {
+        let mut chunk = self.envelope(self.chunk_object(), json!([]));
+        chunk["usage"] = self.usage(completion_tokens);
+        chunk.to_string()
+    }
+
+    fn text_choice(&self, text: &str, finish_reason: Option<&str>) -> Value {
+        match self.api {
+            Api::Chat => {
+                let delta = if finish_reason.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+            }
+            Api::Completion => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Role,
+    Tokens,
+    Finish,
+    Usage,
+    Done,
+    End,
+}
+
+/// The state of a streamed answer.
+struct Generation {
+    answer: Answer,
+    /// Dropped with the generation: a client that goes away cancels.
+    tokens: TokenStream,
+    generated: usize,
+    include_usage: bool,
+    phase: Phase,
+}
+
+impl Generation {
+    /// The data of the next event, `None` after `[DONE]`.
+    async fn next_event(&mut self) -> Option<String> {
+        let answer = &self.answer;
+        loop {
+            match self.phase {
+                Phase::Role => {
+                    self.phase = Phase::Tokens;
+                    if answer.api == Api::Chat {
+                        // Interim metadata: no token yet, waiting goes on.
+                        let choice = json!({
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": null,
+                            "finish_reason": null,
+                        });
+                        return Some(answer.chunk(choice, self.include_usage));
+                    }
+                }
+                Phase::Tokens => match self.tokens.next_token().await {
+                    Some(token) => {
+                        self.generated += 1;
+                        let text = common::token_text(token.index);
+                        let choice = answer.text_choice(&text, None);
+                        return Some(answer.chunk(choice, self.include_usage));
+                    }
+                    None => self.phase = Phase::Finish,
+                },
+                Phase::Finish => {
+                    self.phase = Phase::Usage;
+                    let reason = answer.plan.finish_reason.as_str();
+                    let choice = answer.text_choice("", Some(reason));
+                    return Some(answer.chunk(choice, self.include_usage));
+                }
+                Phase::Usage => {
+                    self.phase = Phase::Done;
+                    if self.include_usage {
+                        return Some(answer.usage_chunk(self.generated));
+                    }
+                }
+                Phase::Done => {
+                    self.phase = Phase::End;
+                    return Some("[DONE]".to_owned());
+                }
+                Phase::End => return None,
+            }
+        }
+    }
+}
