@@ -14,7 +14,13 @@ pub(crate) mod state;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
+
+// Model-checked under `--cfg loom` (see `loom_tests.rs`).
+#[cfg(loom)]
+use ::loom::sync::{Arc, Mutex, MutexGuard};
+#[cfg(not(loom))]
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 pub use self::permit::Permit;
@@ -409,3 +415,5 @@ impl Drop for Acquire {
     }
 }
 
+#[cfg(all(test, loom))]
+mod loom_tests;

@@ -1,10 +1,10 @@
 //! Model checking of the gate with loom: every interleaving of a few
 //! threads acquiring, cancelling, seeing first tokens and releasing.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib --no-default-features gate::loom`.
+//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib --no-default-features gate::loom_tests`.
 
-use loom::future::block_on;
-use loom::thread;
+use ::loom::future::block_on;
+use ::loom::thread;
 
 use super::*;
 
@@ -26,7 +26,7 @@ fn assert_empty(gate: &Gate) {
 
 #[test]
 fn a_release_on_another_thread_always_wakes_the_waiter() {
-    loom::model(|| {
+    ::loom::model(|| {
         let gate = gate(1, 1, 1);
         let holder = block_on(gate.acquire(None)).unwrap();
         let waiter = gate.acquire(None);
@@ -43,7 +43,7 @@ fn a_release_on_another_thread_always_wakes_the_waiter() {
 
 #[test]
 fn a_first_token_on_another_thread_admits_the_waiter() {
-    loom::model(|| {
+    ::loom::model(|| {
         let gate = gate(2, 1, 1);
         let mut holder = block_on(gate.acquire(None)).unwrap();
         let waiter = gate.acquire(None);
@@ -64,7 +64,7 @@ fn a_first_token_on_another_thread_admits_the_waiter() {
 
 #[test]
 fn a_cancel_racing_a_release_passes_the_capacity_on() {
-    loom::model(|| {
+    ::loom::model(|| {
         let gate = gate(1, 1, 2);
         let holder = block_on(gate.acquire(None)).unwrap();
         let cancelled = gate.acquire(None);
@@ -85,7 +85,7 @@ fn a_cancel_racing_a_release_passes_the_capacity_on() {
 
 #[test]
 fn concurrent_arrivals_never_exceed_the_limits() {
-    loom::model(|| {
+    ::loom::model(|| {
         let gate = gate(1, 1, 0);
         let other = gate.clone();
         let contender = thread::spawn(move || block_on(other.acquire(None)).ok().map(drop).is_some());
