@@ -55,7 +55,8 @@
 //! offered it capacity: its queue wait ends and its engine waiting time
 //! begins there, as its counts move from the queue to the engine.
 //!
-//! Queue and waiting times are measured with `std::time::Instant`: the
+//! Queue and waiting times are measured with `quanta`'s clock (the CPU's
+//! invariant TSC where there is one, else the OS's monotonic clock): the
 //! clock is read at each arrival and when a request's waiting ends, before
 //! taking the gate's lock, and once inside it for an event that admits
 //! queued requests. Without the `metrics` feature the gate never reads the
