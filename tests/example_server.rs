@@ -1,0 +1,818 @@
+//! The example servers as their users run them: separate processes, real
+//! sockets, real clients. `examples/openai_server.rs` must split a burst
+//! into exactly the admissions, queue places and overload answers its
+//! limits allow, answer each rejection as SPEC §4 says, show it all on
+//! `/metrics`, turn bad requests into OpenAI-style `400`s and stop cleanly
+//! on SIGTERM; `examples/tonic_server.rs` must stream tokens to its own
+//! client and answer overload with `UNAVAILABLE`.
+//!
+//! Requests are held in flight by asking for far more tokens than the test
+//! lasts (the server is killed at the end); every wait is for an event
+//! (a response, an exit, a line of output) with a deadline.
+#![cfg(all(
+    feature = "sim",
+    feature = "clap",
+    feature = "http",
+    feature = "metrics"
+))]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+use support::{PATIENCE, Process, Server};
+
+/// Tokens that take the simulated engine far longer than any test (~6 ms a
+/// token): a request asking for them stays in flight until dropped.
+const FOREVER: u64 = 900_000;
+
+async fn within<F: Future>(future: F) -> F::Output {
+    timeout(PATIENCE, future)
+        .await
+        .expect("timed out waiting for the server")
+}
+
+/// A whole HTTP answer.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|value| value.to_str().unwrap())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|error| panic!("not JSON ({error}): {:?}", self.body))
+    }
+
+    /// The `data` of each event of an event-stream body.
+    fn events(&self) -> Vec<String> {
+        self.body.split("\n\n").filter_map(event_data).collect()
+    }
+}
+
+/// The data of one server-sent event; `None` for a comment or keep-alive.
+fn event_data(event: &str) -> Option<String> {
+    let data: Vec<&str> = event
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|data| data.strip_prefix(' ').unwrap_or(data))
+        .collect();
+    (!data.is_empty()).then(|| data.join("\n"))
+}
+
+fn chat(max_tokens: u64, stream: bool) -> Value {
+    json!({
+        "model": "sim",
+        "messages": [{"role": "user", "content": "Tell me about admission control."}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+struct Client {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Client {
+    fn new(server: &Server) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            url: server.url.clone(),
+        }
+    }
+
+    fn request(&self, path: &str, rank: Option<u32>) -> reqwest::RequestBuilder {
+        let mut request = self.http.post(format!("{}{path}", self.url));
+        if let Some(rank) = rank {
+            request = request.header("x-data-parallel-rank", rank);
+        }
+        request
+    }
+
+    /// Posts a JSON body and reads the whole answer.
+    fn post(
+        &self,
+        path: &str,
+        rank: Option<u32>,
+        body: &Value,
+    ) -> impl Future<Output = Answer> + Send + 'static {
+        let request = self.request(path, rank).json(body);
+        async move {
+            let response = request.send().await.expect("the request failed");
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            let body = response.text().await.expect("the body failed");
+            Answer {
+                status,
+                headers,
+                body,
+            }
+        }
+    }
+
+    /// Posts raw bytes with a content type, and reads the whole answer.
+    async fn post_raw(&self, path: &str, content_type: &str, body: &'static str) -> Answer {
+        let response = within(
+            self.request(path, None)
+                .header("content-type", content_type)
+                .body(body)
+                .send(),
+        )
+        .await
+        .unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = within(response.text()).await.unwrap();
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// Opens a chat stream that lasts until dropped, and reads it up to its
+    /// first token: the request is admitted and no longer waiting.
+    async fn hold(&self, rank: Option<u32>) -> Held {
+        let response = within(
+            self.request("/v1/chat/completions", rank)
+                .json(&chat(FOREVER, true))
+                .send(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/event-stream",
+            "{:?}",
+            response.headers()
+        );
+        let mut held = Held {
+            response,
+            buffer: String::new(),
+        };
+        let role: Value = serde_json::from_str(&held.next_data().await).unwrap();
+        assert_eq!(role["object"], "chat.completion.chunk");
+        assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
+        let token: Value = serde_json::from_str(&held.next_data().await).unwrap();
+        assert!(
+            !token["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap()
+                .is_empty()
+        );
+        held
+    }
+
+    async fn metrics(&self) -> Metrics {
+        let response = within(self.http.get(format!("{}/metrics", self.url)).send())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        Metrics::parse(&within(response.text()).await.unwrap())
+    }
+}
+
+/// A streamed answer held open; dropping it closes the connection.
+struct Held {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Held {
+    async fn next_data(&mut self) -> String {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let event: String = self.buffer.drain(..end + 2).collect();
+                match event_data(&event) {
+                    Some(data) => return data,
+                    None => continue,
+                }
+            }
+            let chunk = within(self.response.chunk())
+                .await
+                .unwrap()
+                .expect("the stream ended");
+            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+/// A Prometheus exposition: `# TYPE`s, and samples by name and sorted
+/// labels.
+struct Metrics {
+    text: String,
+    types: BTreeMap<String, String>,
+    samples: BTreeMap<String, f64>,
+}
+
+impl Metrics {
+    fn parse(text: &str) -> Metrics {
+        let mut types = BTreeMap::new();
+        let mut samples = BTreeMap::new();
+        for line in text.lines().filter(|line| !line.is_empty()) {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                types.insert(name.to_owned(), kind.to_owned());
+            } else if !line.starts_with('#') {
+                let (series, value) = line.rsplit_once(' ').unwrap();
+                let (name, labels) = match series.split_once('{') {
+                    Some((name, labels)) => (name, labels.strip_suffix('}').unwrap()),
+                    None => (series, ""),
+                };
+                let mut labels: Vec<&str> = labels.split(',').filter(|l| !l.is_empty()).collect();
+                labels.sort_unstable();
+                samples.insert(
+                    format!("{name}{{{}}}", labels.join(",")),
+                    value.parse().unwrap(),
+                );
+            }
+        }
+        Metrics {
+            text: text.to_owned(),
+            types,
+            samples,
+        }
+    }
+
+    #[track_caller]
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        labels.sort_unstable();
+        let key = format!("{name}{{{}}}", labels.join(","));
+        *self
+            .samples
+            .get(&key)
+            .unwrap_or_else(|| panic!("no sample {key} in\n{}", self.text))
+    }
+}
+
+#[track_caller]
+fn assert_rank_rejection(answer: &Answer, rank: u32) {
+    assert_eq!(answer.status, 529, "{answer:?}");
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    assert_eq!(answer.header("x-admission-rejection-scope"), Some("rank"));
+    assert_eq!(
+        answer.header("x-admission-rank"),
+        Some(rank.to_string().as_str())
+    );
+    assert_eq!(answer.header("retry-after"), None, "{answer:?}");
+    let error = &answer.json()["error"];
+    assert_eq!(error["type"], "overloaded");
+    assert_eq!(error["code"], 529);
+    assert_eq!(error["scope"], "rank");
+    assert_eq!(error["rank"], rank);
+    assert!(error["message"].as_str().unwrap().contains("overloaded"));
+}
+
+#[track_caller]
+fn assert_worker_rejection(answer: &Answer) {
+    assert_eq!(answer.status, 529, "{answer:?}");
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    assert_eq!(answer.header("x-admission-rejection-scope"), Some("worker"));
+    assert_eq!(answer.header("x-admission-rank"), None);
+    assert_eq!(answer.header("retry-after"), Some("1"));
+    let error = &answer.json()["error"];
+    assert_eq!(error["type"], "overloaded");
+    assert_eq!(error["scope"], "worker");
+    assert_eq!(error["rank"], Value::Null);
+}
+
+/// A whole streamed chat answer of `tokens` tokens, as OpenAI shapes it.
+#[track_caller]
+fn assert_streamed_chat(answer: &Answer, tokens: usize) {
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let events = answer.events();
+    assert_eq!(events.len(), tokens + 3, "{events:?}");
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    let id = &chunks[0]["id"];
+    assert!(id.as_str().unwrap().starts_with("chatcmpl-"));
+    for chunk in &chunks {
+        assert_eq!(&chunk["id"], id);
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        assert_eq!(chunk["model"], "sim");
+        assert!(chunk["created"].is_u64());
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["content"], "");
+    for chunk in &chunks[1..=tokens] {
+        let choice = &chunk["choices"][0];
+        assert!(!choice["delta"]["content"].as_str().unwrap().is_empty());
+        assert_eq!(choice["finish_reason"], Value::Null);
+    }
+    let last = &chunks[tokens + 1]["choices"][0];
+    assert_eq!(last["delta"], json!({}));
+    assert_eq!(last["finish_reason"], "length");
+}
+
+#[tokio::test]
+async fn a_burst_gets_exactly_the_admissions_queue_places_and_overload_answers_the_limits_allow() {
+    // Two ranks, one running request and one queue place each.
+    let server = Server::start(
+        "openai_server",
+        &[
+            "--dp-ranks",
+            "2",
+            "--max-num-seqs",
+            "4",
+            "--engine-request-limit",
+            "1",
+            "--engine-request-waiting-limit",
+            "1",
+            "--request-queue-limit",
+            "1",
+            "--max-model-len",
+            "1000000",
+            "--metrics-prefix",
+            "example",
+        ],
+        &[],
+    );
+    assert!(
+        server.banner.contains(
+            "per rank engine request limit 1, engine request waiting limit 1, request queue limit 1"
+        ),
+        "{}",
+        server.banner
+    );
+    let client = Client::new(&server);
+    let (answers_tx, mut answers) = mpsc::unbounded_channel();
+    let burst = |rank: Option<u32>, requests: usize| {
+        for _ in 0..requests {
+            let answer = client.post("/v1/chat/completions", rank, &chat(4, true));
+            let answers = answers_tx.clone();
+            tokio::spawn(async move { answers.send((rank, answer.await)).unwrap() });
+        }
+    };
+
+    // Rank 0 runs one request; of a burst of five more on rank 0, one
+    // takes the queue place and four are rejected for the rank alone
+    // (rank 1 has room).
+    let hold_rank0 = client.hold(Some(0)).await;
+    burst(Some(0), 5);
+    for _ in 0..4 {
+        let (_, answer) = within(answers.recv()).await.unwrap();
+        assert_rank_rejection(&answer, 0);
+    }
+    // Four rejections mean the fifth request had taken the queue place.
+    let metrics = client.metrics().await;
+    assert_eq!(
+        metrics.value("example_request_queue_count", &[("dp_rank", "0")]),
+        1.0
+    );
+    assert!(answers.try_recv().is_err(), "a queued request was answered");
+
+    // Rank 1 runs one request too: the worker's combined engine capacity
+    // is used up, one queue place is left. Of three unranked requests one
+    // takes it; the other two, and then a rank 1 request (its own queue
+    // has room, the worker's has not), are rejected for the whole worker.
+    let hold_rank1 = client.hold(Some(1)).await;
+    burst(None, 3);
+    for _ in 0..2 {
+        let (_, answer) = within(answers.recv()).await.unwrap();
+        assert_worker_rejection(&answer);
+    }
+    let answer = within(client.post("/v1/chat/completions", Some(1), &chat(4, true))).await;
+    assert_worker_rejection(&answer);
+    // Unranked-style clients of the other API get the same answer.
+    let answer = within(client.post(
+        "/v1/completions",
+        None,
+        &json!({"model": "sim", "prompt": "Hi", "max_tokens": 4}),
+    ))
+    .await;
+    assert_worker_rejection(&answer);
+
+    let metrics = client.metrics().await;
+    let count =
+        |suffix: &str, labels: &[(&str, &str)]| metrics.value(&format!("example_{suffix}"), labels);
+    for (rank, engine, queued) in [("0", 1.0, 1.0), ("1", 1.0, 0.0), ("unspecified", 0.0, 1.0)] {
+        let rank = [("dp_rank", rank)];
+        assert_eq!(count("engine_request_count", &rank), engine, "{rank:?}");
+        assert_eq!(
+            count("engine_request_waiting_count", &rank),
+            0.0,
+            "{rank:?}"
+        );
+        assert_eq!(count("request_queue_count", &rank), queued, "{rank:?}");
+    }
+    assert_eq!(count("engine_request_limit", &[("dp_rank", "0")]), 1.0);
+    assert_eq!(
+        count("engine_request_limit", &[("dp_rank", "unspecified")]),
+        2.0
+    );
+    assert_eq!(count("request_queue_limit", &[("dp_rank", "1")]), 1.0);
+    assert!(answers.try_recv().is_err(), "a queued request was answered");
+
+    // Rank 0's stream ends (its client goes away): the oldest queued
+    // request that fits, rank 0's, runs and completes; then the unranked
+    // one. Then rank 1's stream ends too.
+    drop(hold_rank0);
+    let (rank, answer) = within(answers.recv()).await.unwrap();
+    assert_eq!(rank, Some(0));
+    assert_streamed_chat(&answer, 4);
+    let (rank, answer) = within(answers.recv()).await.unwrap();
+    assert_eq!(rank, None);
+    assert_streamed_chat(&answer, 4);
+    drop(hold_rank1);
+
+    // Every request is accounted for, under the rank it came with, once
+    // the server has seen both held clients go.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let metrics = loop {
+        let metrics = client.metrics().await;
+        let engine = |rank| metrics.value("example_engine_request_count", &[("dp_rank", rank)]);
+        let completed = |rank| metrics.value("sim_engine_completed_total", &[("dp_rank", rank)]);
+        if engine("0") + engine("1") + engine("unspecified") == 0.0
+            && completed("0") + completed("1") == 2.0
+        {
+            break metrics;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "requests still in flight:\n{}",
+            metrics.text
+        );
+        // The poll interval; the condition above is what the test waits for.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let count =
+        |suffix: &str, labels: &[(&str, &str)]| metrics.value(&format!("example_{suffix}"), labels);
+    let expected = [
+        // rank, received, direct, queue, rank-scoped, worker-scoped
+        ("0", 6.0, 1.0, 1.0, 4.0, 0.0),
+        ("1", 2.0, 1.0, 0.0, 0.0, 1.0),
+        ("unspecified", 4.0, 0.0, 1.0, 0.0, 3.0),
+    ];
+    for (rank, received, direct, queue, rank_scoped, worker_scoped) in expected {
+        let dp_rank = ("dp_rank", rank);
+        assert_eq!(
+            count("request_receive_total", &[dp_rank]),
+            received,
+            "{rank}"
+        );
+        assert_eq!(
+            count("request_admit_total", &[dp_rank, ("source", "direct")]),
+            direct,
+            "{rank}"
+        );
+        assert_eq!(
+            count("request_admit_total", &[dp_rank, ("source", "queue")]),
+            queue,
+            "{rank}"
+        );
+        if rank != "unspecified" {
+            assert_eq!(
+                count("rejection_total", &[dp_rank, ("scope", "rank")]),
+                rank_scoped,
+                "{rank}"
+            );
+        }
+        assert_eq!(
+            count("rejection_total", &[dp_rank, ("scope", "worker")]),
+            worker_scoped,
+            "{rank}"
+        );
+        assert_eq!(count("cancellation_total", &[dp_rank]), 0.0, "{rank}");
+        assert_eq!(count("request_queue_count", &[dp_rank]), 0.0, "{rank}");
+    }
+    // Every family of SPEC §6, typed; histograms with buckets per rank.
+    for (suffix, kind) in [
+        ("engine_request_count", "gauge"),
+        ("engine_request_waiting_count", "gauge"),
+        ("request_queue_count", "gauge"),
+        ("request_receive_total", "counter"),
+        ("request_admit_total", "counter"),
+        ("rejection_total", "counter"),
+        ("cancellation_total", "counter"),
+        ("engine_request_limit", "gauge"),
+        ("engine_request_waiting_limit", "gauge"),
+        ("request_queue_limit", "gauge"),
+        ("request_queue_wait_seconds", "histogram"),
+        ("engine_request_waiting_seconds", "histogram"),
+    ] {
+        let family = format!("example_{suffix}");
+        assert_eq!(
+            metrics.types.get(&family).map(String::as_str),
+            Some(kind),
+            "{family}"
+        );
+        assert!(
+            metrics.text.contains(&format!("# HELP {family} ")),
+            "{family}"
+        );
+    }
+    assert_eq!(
+        count("request_queue_wait_seconds_count", &[("dp_rank", "0")]),
+        1.0
+    );
+    assert_eq!(
+        count(
+            "engine_request_waiting_seconds_bucket",
+            &[("dp_rank", "1"), ("le", "+Inf")]
+        ),
+        1.0
+    );
+    // The engine's own series, next to the gate's.
+    assert_eq!(metrics.types["sim_engine_waiting_requests"], "gauge");
+    assert_eq!(metrics.types["sim_engine_completed_total"], "counter");
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_style_errors_and_sigterm_stops_the_server() {
+    let mut server = Server::start("openai_server", &["--max-model-len", "4096"], &[]);
+    let client = Client::new(&server);
+    let chat_path = "/v1/chat/completions";
+
+    let cases: [(&str, &str, &str, u16, &str); 12] = [
+        (
+            chat_path,
+            "application/json",
+            "{not json",
+            400,
+            "invalid request body",
+        ),
+        (
+            chat_path,
+            "application/json",
+            "",
+            400,
+            "invalid request body",
+        ),
+        (
+            chat_path,
+            "application/json",
+            "[1, 2]",
+            400,
+            "invalid request body",
+        ),
+        (
+            chat_path,
+            "application/json",
+            r#"{"model":"sim"}"#,
+            400,
+            "messages",
+        ),
+        (
+            chat_path,
+            "text/plain",
+            r#"{"model":"sim","messages":[{"role":"user","content":"Hi"}]}"#,
+            400,
+            "Content-Type",
+        ),
+        (
+            chat_path,
+            "application/json",
+            r#"{"model":"sim","messages":[{"role":"user","content":"Hi"}],"max_tokens":18446744073709551616}"#,
+            400,
+            "invalid request body",
+        ),
+        (
+            chat_path,
+            "application/json",
+            r#"{"model":"sim","messages":[{"role":"user","content":"Hi"}],"max_tokens":-1}"#,
+            400,
+            "invalid request body",
+        ),
+        (
+            chat_path,
+            "application/json",
+            r#"{"model":"sim","messages":[{"role":"user","content":"Hi"}],"max_tokens":0}"#,
+            400,
+            "max_tokens",
+        ),
+        (
+            chat_path,
+            "application/json",
+            r#"{"model":"sim","messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":5000}"#,
+            400,
+            "maximum context length is 4096 tokens",
+        ),
+        (
+            chat_path,
+            "application/json",
+            r#"{"model":"sim","messages":[]}"#,
+            400,
+            "at least one message",
+        ),
+        (
+            chat_path,
+            "application/json",
+            r#"{"model":"sim","messages":[{"role":"user","content":"Hi"}],"n":2}"#,
+            400,
+            "one choice",
+        ),
+        (
+            "/v1/completions",
+            "application/json",
+            r#"{"model":"sim","prompt":["a","b"]}"#,
+            400,
+            "one prompt",
+        ),
+    ];
+    for (path, content_type, body, status, message) in cases {
+        let answer = client.post_raw(path, content_type, body).await;
+        assert_eq!(answer.status, status, "{body}: {answer:?}");
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        let error = &answer.json()["error"];
+        assert_eq!(error["type"], "invalid_request_error", "{body}");
+        assert!(
+            error["message"].as_str().unwrap().contains(message),
+            "{body}: {error}"
+        );
+    }
+    let answer = within(client.http.get(format!("{}{chat_path}", client.url)).send())
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 405);
+    let answer = within(client.http.get(format!("{}/health", client.url)).send())
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+
+    // Whole answers, both APIs.
+    let answer = within(client.post(chat_path, None, &chat(5, false))).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let whole = answer.json();
+    assert_eq!(whole["object"], "chat.completion");
+    assert!(whole["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
+    let text = whole["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(text.split_whitespace().count(), 5, "{text:?}");
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    let usage = &whole["usage"];
+    assert_eq!(usage["completion_tokens"], 5);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["prompt_tokens"].as_u64().unwrap() + 5)
+    );
+
+    let answer = within(client.post(
+        "/v1/completions",
+        None,
+        &json!({"model": "sim", "prompt": "Once upon a time", "stream": true,
+                "stream_options": {"include_usage": true}}),
+    ))
+    .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let events = answer.events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    // The default length (64 tokens, ended by the "model"), a finish
+    // chunk, a usage chunk.
+    assert_eq!(chunks.len(), 64 + 2, "{events:?}");
+    assert!(
+        chunks
+            .iter()
+            .all(|chunk| chunk["object"] == "text_completion")
+    );
+    assert_eq!(chunks[64]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(chunks[65]["choices"], json!([]));
+    assert_eq!(chunks[65]["usage"]["completion_tokens"], 64);
+    assert_eq!(chunks[65]["usage"]["prompt_tokens"], 4);
+
+    // SIGTERM: the server stops taking connections and exits cleanly.
+    server.process.terminate();
+    let (status, _, stderr) = server.process.wait();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+}
+
+#[tokio::test]
+async fn flags_and_environment_configure_the_gate_and_the_overload_status() {
+    // The engine request limit from its alias, the queue limit from its
+    // canonical variable (trimmed), an invalid waiting limit (a warning,
+    // then the default), and the status from its flag.
+    let mut server = Server::start(
+        "openai_server",
+        &[
+            "--max-num-seqs",
+            "8",
+            "--overload-status",
+            "503",
+            "--max-model-len",
+            "1000000",
+        ],
+        &[
+            ("DYN_ENGINE_REQUEST_LIMIT", "1"),
+            ("DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT", "lots"),
+            ("DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT", " 0 "),
+        ],
+    );
+    assert!(
+        server.banner.contains(
+            "per rank engine request limit 1, engine request waiting limit 8, request queue limit 0; overload status 503"
+        ),
+        "{}",
+        server.banner
+    );
+    let client = Client::new(&server);
+    let _held = client.hold(None).await;
+    let answer = within(client.post("/v1/chat/completions", None, &chat(4, true))).await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.header("retry-after"), Some("1"));
+    assert_eq!(answer.json()["error"]["code"], 503);
+
+    server.process.terminate();
+    let (_, _, stderr) = server.process.wait();
+    assert!(
+        stderr.contains("DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT")
+            && stderr.contains("lots"),
+        "the invalid variable is named in a warning: {stderr}"
+    );
+
+    // An invalid flag fails startup, naming it.
+    let (status, _, stderr) = support::run("openai_server", &["--engine-request-limit", "0"]);
+    assert!(!status.success());
+    assert!(stderr.contains("--engine-request-limit"), "{stderr}");
+}
+
+#[test]
+fn the_tonic_example_streams_tokens_and_answers_overload_with_unavailable() {
+    let server = Server::start(
+        "tonic_server",
+        &[
+            "serve",
+            "--max-num-seqs",
+            "1",
+            "--request-queue-limit",
+            "0",
+            "--max-model-len",
+            "1000000",
+        ],
+        &[],
+    );
+    let url = server.url.as_str();
+
+    let (status, stdout, stderr) = support::run(
+        "tonic_server",
+        &[
+            "client",
+            "--addr",
+            url,
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "5",
+        ],
+    );
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(stdout.split_whitespace().count(), 5, "{stdout:?}");
+    assert!(
+        stderr.contains(r#"completed: 5 tokens, finish_reason "length""#),
+        "{stderr}"
+    );
+
+    // Invalid requests are INVALID_ARGUMENT: a failure, not an overload.
+    let (status, _, stderr) = support::run(
+        "tonic_server",
+        &["client", "--addr", url, "--max-tokens", "2000000"],
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("InvalidArgument"), "{stderr}");
+
+    // One client streams (it has printed a token), so the next is rejected.
+    let streaming = Process::spawn(
+        &support::example("tonic_server"),
+        &[
+            "client",
+            "--addr",
+            url,
+            "--max-tokens",
+            &FOREVER.to_string(),
+        ],
+        &[],
+    );
+    streaming.wait_for_stdout("a token", |text| (!text.trim().is_empty()).then_some(()));
+    let (status, stdout, stderr) = support::run(
+        "tonic_server",
+        &["client", "--addr", url, "--max-tokens", "5"],
+    );
+    assert_eq!(status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("overloaded (UNAVAILABLE, worker scope)")
+            && stderr.contains("retry after 1000 ms"),
+        "{stderr}"
+    );
+}
