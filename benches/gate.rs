@@ -6,7 +6,9 @@
 //! * `queue_depth`: admitting the head of the queue, and cancelling a queued
 //!   request, with 10 and with 100,000 requests queued.
 //!
-//! Run: `cargo bench --bench gate`
+//! Run: `cargo bench --bench gate` (the gate with its default features,
+//! metrics compiled in, no recorder installed) and
+//! `cargo bench --bench gate --no-default-features` (the gate alone).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -41,6 +43,20 @@ fn uncontended(c: &mut Criterion) {
     group.bench_function("tokio Semaphore acquire/release", |b| {
         b.iter(|| {
             let permit = semaphore.acquire().now_or_never().unwrap().unwrap();
+            drop(black_box(permit));
+        })
+    });
+
+    // The gate's `Permit` owns a handle to its gate (it moves into the
+    // response body), so the like-for-like semaphore permit is the owned one.
+    group.bench_function("tokio Semaphore acquire_owned/release", |b| {
+        b.iter(|| {
+            let permit = semaphore
+                .clone()
+                .acquire_owned()
+                .now_or_never()
+                .unwrap()
+                .unwrap();
             drop(black_box(permit));
         })
     });
