@@ -44,20 +44,20 @@ pub mod http;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-pub mod sizing;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod sizing;
 
+#[cfg(feature = "clap")]
+pub use crate::config::AdmissionArgs;
 pub use crate::config::{
     AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, Limits,
 };
-#[cfg(feature = "clap")]
-pub use crate::config::AdmissionArgs;
+#[cfg(feature = "http")]
+pub use crate::detect::FirstTokenDetector;
 pub use crate::gate::{
     Acquire, AdmitSource, Counts, Gate, Overloaded, Permit, RejectionScope, Snapshot, Tally,
 };
-#[cfg(feature = "http")]
-pub use crate::detect::FirstTokenDetector;
 #[cfg(feature = "http")]
 pub use crate::http::{
     Admission, AdmissionLayer, DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader,

@@ -92,7 +92,10 @@ fn the_seed_burst_admits_twelve_queues_eight_and_rejects_fifteen() {
             if i == finished {
                 permits.push(admitted_from_queue(waiter));
             } else if i > finished {
-                assert!(!waiter.is_woken(), "waiter {i} woke before waiter {finished}");
+                assert!(
+                    !waiter.is_woken(),
+                    "waiter {i} woke before waiter {finished}"
+                );
                 assert_pending!(waiter.poll());
             }
         }

@@ -164,7 +164,12 @@ async fn thousands_of_tasks_leave_the_gate_empty_and_nobody_stuck() {
     let snapshot = gate.snapshot();
     assert_eq!(snapshot.total, Counts::default());
     assert_eq!(snapshot.unranked, Counts::default());
-    assert!(snapshot.ranks.iter().all(|counts| *counts == Counts::default()));
+    assert!(
+        snapshot
+            .ranks
+            .iter()
+            .all(|counts| *counts == Counts::default())
+    );
     let tally = snapshot.tally;
     assert_eq!(tally.received, 4000 * 20);
     assert_eq!(

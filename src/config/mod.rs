@@ -125,8 +125,7 @@ impl AdmissionConfig {
     /// If `n` is 0.
     #[track_caller]
     pub fn engine_request_waiting_limit(mut self, n: usize) -> Self {
-        self.engine_request_waiting_limit =
-            Some(positive("engine_request_waiting_limit", n));
+        self.engine_request_waiting_limit = Some(positive("engine_request_waiting_limit", n));
         self
     }
 
@@ -145,10 +144,7 @@ impl AdmissionConfig {
     /// as it is when reported later.
     pub fn capacity(mut self, capacity: EngineCapacity) -> Self {
         match capacity.invalid_reason() {
-            Some(reason) => tracing::warn!(
-                ?capacity,
-                "ignoring engine capacity report: {reason}"
-            ),
+            Some(reason) => tracing::warn!(?capacity, "ignoring engine capacity report: {reason}"),
             None => self.capacity = Some(capacity),
         }
         self

@@ -88,7 +88,8 @@ fn concurrent_arrivals_never_exceed_the_limits() {
     ::loom::model(|| {
         let gate = gate(1, 1, 0);
         let other = gate.clone();
-        let contender = thread::spawn(move || block_on(other.acquire(None)).ok().map(drop).is_some());
+        let contender =
+            thread::spawn(move || block_on(other.acquire(None)).ok().map(drop).is_some());
         let mine = block_on(gate.acquire(None)).ok();
         let admitted_here = mine.is_some();
         if admitted_here {

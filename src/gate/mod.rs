@@ -380,7 +380,8 @@ impl Future for Acquire {
                             .metrics
                             .on_admitted_from_queue(&state, &grant, queued_at, offered_at);
                         drop(state);
-                        let Step::Queued { gate, .. } = std::mem::replace(&mut this.step, Step::Done)
+                        let Step::Queued { gate, .. } =
+                            std::mem::replace(&mut this.step, Step::Done)
                         else {
                             unreachable!("matched above")
                         };

@@ -190,7 +190,10 @@ struct Bucket {
 
 #[derive(Debug)]
 enum Status {
-    Queued { prev: Option<Ticket>, next: Option<Ticket> },
+    Queued {
+        prev: Option<Ticket>,
+        next: Option<Ticket>,
+    },
     Offered(Grant),
 }
 
@@ -691,9 +694,8 @@ impl<T> State<T> {
     fn dequeue_slow(&mut self) {
         while self.total.queued > 0 {
             let mut oldest: Option<(u64, Ticket)> = None;
-            let heads = std::iter::once(BucketKey::Unranked).chain(
-                (0..self.recognised_ranks() as u32).map(BucketKey::Rank),
-            );
+            let heads = std::iter::once(BucketKey::Unranked)
+                .chain((0..self.recognised_ranks() as u32).map(BucketKey::Rank));
             for key in heads {
                 let Some(head) = self.bucket(key).queue.head else {
                     continue;

@@ -14,7 +14,9 @@ use super::*;
 enum Phase {
     Queued,
     /// Holding capacity; `waiting` until the first token.
-    Admitted { waiting: bool },
+    Admitted {
+        waiting: bool,
+    },
     Done,
 }
 
@@ -323,7 +325,10 @@ impl Harness {
                     }
                     Arrival::Rejected(scope) => Decision::Rejected(scope),
                 };
-                assert_eq!(decision, expected, "decision for a request of rank {rank:?}");
+                assert_eq!(
+                    decision, expected,
+                    "decision for a request of rank {rank:?}"
+                );
             }
             Op::FirstToken(n) => {
                 let admitted = self.ids(|phase| matches!(phase, Phase::Admitted { .. }));
@@ -388,7 +393,10 @@ impl Harness {
         assert_eq!(ranks, expected, "rank counts");
         assert_eq!(self.state.tally(), model.tally, "tallies");
         if model.over_limits() {
-            assert!(self.shrunk, "a limit was exceeded without a shrinking report");
+            assert!(
+                self.shrunk,
+                "a limit was exceeded without a shrinking report"
+            );
         } else {
             self.shrunk = false;
         }
