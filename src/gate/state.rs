@@ -367,6 +367,12 @@ impl<T> State<T> {
             // and neither can happen before the driver drains.
             visit(&mut self.entries[ticket].payload);
         }
+        // A capacity jump can offer a whole queue at once; don't keep that
+        // peak for ever.
+        const KEEP: usize = 64;
+        if self.offered.capacity() > KEEP {
+            self.offered.shrink_to(KEEP);
+        }
     }
 
     /// Whether any request was offered an admission since the last drain.
