@@ -228,13 +228,20 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let shutdown = match common::Shutdown::listen() {
+        Ok(shutdown) => shutdown,
+        Err(error) => {
+            eprintln!("error: cannot catch shutdown signals: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     // Printed at once (stdout is line-buffered): scripts wait for this line.
     println!("listening on http://{address}");
     println!("{}", args.engine.describe());
     println!("{admission}");
     println!("routes: POST /v1/chat/completions, POST /v1/completions, GET /metrics, GET /health");
 
-    let served = common::serve_until_shutdown(|signal| {
+    let served = common::serve_until_shutdown(shutdown, |signal| {
         axum::serve(listener, router)
             .with_graceful_shutdown(signal)
             .into_future()

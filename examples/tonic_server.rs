@@ -304,13 +304,20 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let shutdown = match common::Shutdown::listen() {
+        Ok(shutdown) => shutdown,
+        Err(error) => {
+            eprintln!("error: cannot catch shutdown signals: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     println!("listening on http://{address}");
     println!("{}", args.engine.describe());
     println!("{admission}");
     println!("service: {GENERATE} (server streaming)");
 
     let incoming = TcpIncoming::from(listener);
-    let served = common::serve_until_shutdown(|signal| async move {
+    let served = common::serve_until_shutdown(shutdown, |signal| async move {
         match layer {
             Some(layer) => {
                 Server::builder()

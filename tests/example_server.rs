@@ -536,7 +536,9 @@ async fn a_burst_gets_exactly_the_admissions_queue_places_and_overload_answers_t
     assert_eq!(metrics.types["sim_engine_completed_total"], "counter");
 }
 
-#[tokio::test]
+// Multi-threaded: the blocking wait for the child's exit must not stop
+// the client's connection tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_style_errors_and_sigterm_stops_the_server() {
     let mut server = Server::start("openai_server", &["--max-model-len", "4096"], &[]);
     let client = Client::new(&server);
@@ -699,7 +701,9 @@ async fn bad_requests_get_openai_style_errors_and_sigterm_stops_the_server() {
     assert!(stderr.contains("stopped"), "{stderr}");
 }
 
-#[tokio::test]
+// Multi-threaded: the blocking wait for the child's exit must not stop
+// the client's connection tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flags_and_environment_configure_the_gate_and_the_overload_status() {
     // The engine request limit from its alias, the queue limit from its
     // canonical variable (trimmed), an invalid waiting limit (a warning,
@@ -728,12 +732,13 @@ async fn flags_and_environment_configure_the_gate_and_the_overload_status() {
         server.banner
     );
     let client = Client::new(&server);
-    let _held = client.hold(None).await;
+    let held = client.hold(None).await;
     let answer = within(client.post("/v1/chat/completions", None, &chat(4, true))).await;
     assert_eq!(answer.status, 503, "{answer:?}");
     assert_eq!(answer.header("retry-after"), Some("1"));
     assert_eq!(answer.json()["error"]["code"], 503);
 
+    drop(held);
     server.process.terminate();
     let (_, _, stderr) = server.process.wait();
     assert!(
@@ -750,7 +755,7 @@ async fn flags_and_environment_configure_the_gate_and_the_overload_status() {
 
 #[test]
 fn the_tonic_example_streams_tokens_and_answers_overload_with_unavailable() {
-    let server = Server::start(
+    let mut server = Server::start(
         "tonic_server",
         &[
             "serve",
@@ -815,4 +820,11 @@ fn the_tonic_example_streams_tokens_and_answers_overload_with_unavailable() {
             && stderr.contains("retry after 1000 ms"),
         "{stderr}"
     );
+
+    // SIGTERM stops the server cleanly once its last client is gone.
+    drop(streaming);
+    server.process.terminate();
+    let (status, _, stderr) = server.process.wait();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
 }

@@ -160,32 +160,42 @@ pub fn token_text(index: usize) -> String {
     format!(" {}", WORDS[index % WORDS.len()])
 }
 
-/// Resolves at the first Ctrl-C (SIGINT) or, on Unix, SIGTERM.
-pub async fn shutdown_signal() {
-    let interrupt = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            eprintln!("cannot listen for Ctrl-C: {error}");
+/// The signals that stop a server: Ctrl-C (SIGINT) and, on Unix, SIGTERM.
+pub struct Shutdown {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    /// Starts catching the signals now. Call it before announcing the
+    /// address: a signal that arrives earlier has its default effect
+    /// (SIGTERM kills the process), or none if the parent ignored it.
+    pub fn listen() -> std::io::Result<Shutdown> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Shutdown {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Shutdown {})
+    }
+
+    /// Resolves at the first of the signals.
+    async fn received(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
+        if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                terminate.recv().await;
-            }
-            Err(error) => {
-                eprintln!("cannot listen for SIGTERM: {error}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
     }
 }
 
@@ -197,6 +207,7 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5
 /// whichever comes first. `serve` gets the future that tells the server to
 /// stop taking new connections.
 pub async fn serve_until_shutdown<F, E>(
+    shutdown: Shutdown,
     serve: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> F,
 ) -> Result<(), E>
 where
@@ -205,7 +216,7 @@ where
     let signalled = std::sync::Arc::new(tokio::sync::Notify::new());
     let notify = std::sync::Arc::clone(&signalled);
     let server = serve(Box::pin(async move {
-        shutdown_signal().await;
+        shutdown.received().await;
         eprintln!(
             "shutting down: no new connections; open responses get {} s to finish",
             SHUTDOWN_GRACE.as_secs()
