@@ -76,7 +76,7 @@ struct Args {
     #[command(flatten)]
     admission: AdmissionArgs,
 
-    /// HTTP status of overload answers: 529 (default), or e.g. 503 or 429
+    /// HTTP status of overload answers, e.g. 503 or 429 instead of 529
     #[arg(long, value_name = "STATUS", default_value = "529", value_parser = overload_status)]
     overload_status: StatusCode,
 
