@@ -56,7 +56,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tower_admission::detect::OpenAiSse;
 use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
-use tower_admission::{AdmissionArgs, AdmissionLayer, Gate, RankExtractor, RankHeader};
+use tower_admission::{AdmissionArgs, AdmissionLayer, Admitted, Gate, RankExtractor, RankHeader};
 
 use common::{EngineArgs, Plan};
 
@@ -105,8 +105,8 @@ fn overload_status(raw: &str) -> Result<StatusCode, String> {
 struct App {
     engine: SimEngine,
     engine_args: Arc<EngineArgs>,
-    /// The same extractor as the gate's, so that the engine runs a request
-    /// on the rank the gate counted it on.
+    /// The gate's extractor, for `--no-admission` runs: with the gate, a
+    /// request carries the rank it was counted on (`Admitted`).
     rank: RankHeader,
     ids: Arc<Ids>,
     metrics: PrometheusHandle,
@@ -394,7 +394,7 @@ async fn chat_completions(State(app): State<App>, request: Request) -> Response 
 }
 
 async fn chat(app: App, request: Request) -> Result<Response, ApiError> {
-    let rank = app.rank.rank(&request);
+    let rank = app.engine_rank(&request);
     let body: ChatRequest = read_json(request).await?;
     single_choice(body.n)?;
     if body.messages.is_empty() {
@@ -430,7 +430,7 @@ async fn completions(State(app): State<App>, request: Request) -> Response {
 }
 
 async fn complete(app: App, request: Request) -> Result<Response, ApiError> {
-    let rank = app.rank.rank(&request);
+    let rank = app.engine_rank(&request);
     let body: CompletionRequest = read_json(request).await?;
     single_choice(body.n)?;
     let plan = app
@@ -454,6 +454,15 @@ async fn complete(app: App, request: Request) -> Result<Response, ApiError> {
 }
 
 impl App {
+    /// The rank to run a request on: the one the gate counted it on, or
+    /// (without admission control) the one its header asks for.
+    fn engine_rank(&self, request: &Request) -> Option<u32> {
+        match request.extensions().get::<Admitted>() {
+            Some(admitted) => admitted.rank,
+            None => self.rank.rank(request),
+        }
+    }
+
     /// Hands a validated request to the engine, on the gate's rank for it
     /// (a rank the engine does not have is unranked for the gate too).
     fn submit(&self, plan: Plan, rank: Option<u32>) -> Result<TokenStream, ApiError> {

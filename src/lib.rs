@@ -60,5 +60,6 @@ pub use crate::gate::{
 };
 #[cfg(feature = "http")]
 pub use crate::http::{
-    Admission, AdmissionLayer, DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader,
+    Admission, AdmissionLayer, Admitted, DataParallelRank, NoRank, RankExtension, RankExtractor,
+    RankHeader,
 };

@@ -18,8 +18,8 @@ use tower_admission::FirstTokenDetector;
 use tower_admission::detect::OpenAiSse;
 use tower_admission::http::{Admission, ResponseBody};
 use tower_admission::{
-    AdmissionConfig, AdmissionLayer, Counts, DataParallelRank, EngineCapacity, Gate, RankExtension,
-    RankHeader,
+    AdmissionConfig, AdmissionLayer, AdmitSource, Admitted, Counts, DataParallelRank,
+    EngineCapacity, Gate, RankExtension, RankHeader,
 };
 use tower_test::mock;
 
@@ -652,4 +652,51 @@ async fn a_role_only_sse_chunk_does_not_end_waiting() {
     drop(frames);
     assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
     assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn the_inner_service_learns_the_rank_and_source_of_its_admission() {
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .engine_request_waiting_limit(1)
+            .request_queue_limit(1)
+            .capacity(EngineCapacity::new(1, 2)),
+    );
+    let (inner, mut handle) = mock::pair();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .rank(RankHeader::default())
+            .layer(inner),
+    );
+    handle.allow(10);
+
+    let mut direct = call(&mut service, ranked("/direct", "1"));
+    let mut queued = call(&mut service, ranked("/queued", "1"));
+    let (req, respond) = next_request(&mut handle);
+    assert_eq!(
+        req.extensions().get::<Admitted>(),
+        Some(&Admitted {
+            rank: Some(1),
+            source: AdmitSource::Direct
+        })
+    );
+    respond.send_response(Response::new(empty_body()));
+    drop(assert_ready_ok!(direct.poll()));
+
+    assert_pending!(queued.poll());
+    let (req, _respond) = next_request(&mut handle);
+    assert_eq!(
+        req.extensions().get::<Admitted>(),
+        Some(&Admitted {
+            rank: Some(1),
+            source: AdmitSource::Queue
+        })
+    );
+
+    // A rank the engine has not reported is counted, and announced, as unranked.
+    let mut unranked = call(&mut service, ranked("/unranked", "7"));
+    let (req, _respond) = next_request(&mut handle);
+    assert_eq!(req.extensions().get::<Admitted>().unwrap().rank, None);
+    assert_pending!(unranked.poll());
 }

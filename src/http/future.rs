@@ -11,8 +11,8 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::ResponseBody;
 use super::reject::{OverloadAnswer, Protocol, Rejection};
+use super::{Admitted, ResponseBody};
 use crate::detect::{AnyData, FirstTokenDetector};
 use crate::{Acquire, Permit};
 
@@ -113,14 +113,17 @@ where
                     let admission = ready!(Pin::new(acquire).poll(cx));
                     let Deferred {
                         mut service,
-                        request,
+                        mut request,
                         detector,
                         protocol,
                         answer,
                     } = call.take().expect("ResponseFuture polled after completion");
                     match admission {
                         Ok(permit) => state.set(State::Called {
-                            future: service.call(request),
+                            future: {
+                                request.extensions_mut().insert(Admitted::of(&permit));
+                                service.call(request)
+                            },
                             admitted: Some((permit, detector)),
                         }),
                         Err(overloaded) => state.set(State::Rejected {

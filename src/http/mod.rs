@@ -112,4 +112,4 @@ pub use self::future::ResponseFuture;
 pub use self::layer::AdmissionLayer;
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
 pub use self::reject::{REJECTED_RANK, REJECTION_SCOPE};
-pub use self::service::Admission;
+pub use self::service::{Admission, Admitted};

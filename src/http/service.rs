@@ -13,8 +13,32 @@ use tower_service::Service;
 use super::future::Deferred;
 use super::reject::{OverloadAnswer, Protocol, Rejection};
 use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
-use crate::Gate;
 use crate::detect::{AnyData, FirstTokenDetector};
+use crate::{AdmitSource, Gate, Permit};
+
+/// What the gate decided for a request, inserted into the request's
+/// extensions before the inner service sees it: the rank the request is
+/// counted under (`None` when unranked, including an unrecognised rank) and
+/// how it got in. A handler that runs the request on an engine rank should
+/// use this rank, the one the gate accounted for.
+///
+/// With axum: `Extension(admitted): Extension<Admitted>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    /// The rank the request is counted under.
+    pub rank: Option<u32>,
+    /// Whether it was admitted on arrival or from the queue.
+    pub source: AdmitSource,
+}
+
+impl Admitted {
+    pub(crate) fn of(permit: &Permit) -> Admitted {
+        Admitted {
+            rank: permit.rank(),
+            source: permit.source(),
+        }
+    }
+}
 
 /// Admission control for an HTTP or gRPC service: each request is admitted,
 /// queued, or answered with an overload response before it reaches the
@@ -99,6 +123,8 @@ where
             if let Poll::Ready(decision) = Pin::new(&mut acquire).poll(&mut cx) {
                 return match decision {
                     Ok(permit) => {
+                        let mut req = req;
+                        req.extensions_mut().insert(Admitted::of(&permit));
                         ResponseFuture::called(self.inner.call(req), permit, self.detector.clone())
                     }
                     Err(overloaded) => ResponseFuture::rejected(Rejection {
