@@ -30,9 +30,14 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 for target in "${targets[@]}"; do
     printf '\n==> fuzz %s for %ss\n' "$target" "$seconds"
+    options=(-max_total_time="$seconds" -print_final_stats=1)
+    # Tokens of the format (SSE fields, gRPC headers) help the fuzzer past
+    # the framing into the JSON.
+    if [ -f "fuzz/dictionaries/$target.dict" ]; then
+        options+=(-dict="fuzz/dictionaries/$target.dict")
+    fi
     status=0
-    cargo fuzz run "$target" -- -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1 \
-        || status=$?
+    cargo fuzz run "$target" -- "${options[@]}" >"$log" 2>&1 || status=$?
     # libFuzzer's progress lines are many; keep the summary, or all on failure.
     if [ "$status" -ne 0 ]; then
         tail -n 60 "$log"
