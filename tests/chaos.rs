@@ -971,7 +971,7 @@ async fn chaos_soak() {
         (rss_second as f64 - rss_first as f64) * 100.0 / rss_first as f64
     );
 
-    if requests >= 5_000 {
+    if requests >= 10_000 {
         assert_exercised(&first);
         assert_exercised(&second);
     }
