@@ -1,17 +1,23 @@
 //! Chaos soak over real sockets: an axum worker with the admission layer,
-//! served over loopback TCP, and a pool of 64 HTTP clients sending tens of
-//! thousands of streaming requests while everything that can go wrong does:
+//! served over loopback TCP (HTTP/1.1 and HTTP/2), and 64 clients sharing
+//! pooled connections (reqwest over HTTP/1.1, hyper's pooled client over
+//! HTTP/2) sending tens of thousands of streaming requests while everything
+//! that can go wrong does:
 //!
 //! * clients go away at random points — before the gate sees the request
 //!   (a half-written head), while it waits in the queue or for its response
 //!   head, after the head but before the first token, mid-stream, or while
 //!   uploading the request body;
 //! * the handler answers 500, fails its body mid-stream, panics before
-//!   answering or mid-stream (the connection dies with its task), returns an
+//!   answering or mid-stream (its task dies), returns an
 //!   already-finished body, or ends with trailers;
 //! * the engine reports new capacities meanwhile (ranks and `max_num_seqs`
 //!   change every few milliseconds), and requests carry random, invalid or
 //!   repeated `x-data-parallel-rank` headers.
+//!
+//! Over HTTP/1.1 a client that goes away closes its connection, and a panic
+//! kills the connection's task; over HTTP/2 the client resets its stream
+//! (`RST_STREAM`), and a panic kills only that stream's task.
 //!
 //! Afterwards every count is zero, `received = admitted + rejected +
 //! cancelled`, no client task is stuck (each request is bounded by a
@@ -19,9 +25,9 @@
 //! second run on the same gate and server leaves the resident memory within
 //! 10% of what the first left.
 //!
-//! The server counts its open connections; the test waits on that count
-//! (not on a clock) until every connection — and with it every response
-//! future and body — is gone before it reads the gate.
+//! The server counts its open connections and HTTP/2 stream tasks; the test
+//! waits on that count (not on a clock) until all of them — and with them
+//! every response future and body — are gone before it reads the gate.
 //!
 //! `chaos_soak` is ignored by default:
 //!
@@ -33,6 +39,7 @@
 //! interleaving of a real server is not replayable). `chaos_smoke` runs a
 //! few hundred requests in the default test run.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
@@ -46,7 +53,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body::Frame;
-use hyper_util::rt::TokioIo;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as PooledClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -222,6 +233,8 @@ struct Plan {
     handler_seed: u64,
     act: ClientAct,
     ranks: Vec<String>,
+    /// Over HTTP/2 rather than HTTP/1.1 (raw half-requests are HTTP/1.1).
+    http2: bool,
 }
 
 impl Plan {
@@ -235,6 +248,7 @@ impl Plan {
             handler_seed: rng.next(),
             act: client_act(&mut rng),
             ranks: rank_values(&mut rng),
+            http2: rng.below(10) < 3,
         }
     }
 
@@ -390,20 +404,38 @@ async fn generate(State(events): State<Arc<ServerEvents>>, headers: HeaderMap) -
     response
 }
 
-/// Counts a connection open from its accept to the end of its task
-/// (normal, error or panic).
-struct OpenConnection(Arc<watch::Sender<usize>>);
+/// Counts a connection, or an HTTP/2 stream's task, from its start to its
+/// end (normal, error or panic).
+struct OpenTask(Arc<watch::Sender<usize>>);
 
-impl OpenConnection {
-    fn new(open: &Arc<watch::Sender<usize>>) -> OpenConnection {
+impl OpenTask {
+    fn new(open: &Arc<watch::Sender<usize>>) -> OpenTask {
         open.send_modify(|open| *open += 1);
-        OpenConnection(open.clone())
+        OpenTask(open.clone())
     }
 }
 
-impl Drop for OpenConnection {
+impl Drop for OpenTask {
     fn drop(&mut self) {
         self.0.send_modify(|open| *open -= 1);
+    }
+}
+
+/// Spawns hyper's HTTP/2 stream tasks on tokio, counted.
+#[derive(Clone)]
+struct CountedExecutor(Arc<watch::Sender<usize>>);
+
+impl<F> hyper::rt::Executor<F> for CountedExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        let task = OpenTask::new(&self.0);
+        tokio::spawn(async move {
+            let _task = task;
+            future.await;
+        });
     }
 }
 
@@ -414,7 +446,8 @@ struct Server {
 }
 
 /// Serves the worker: `ROUTE` behind the admission layer, `/health` beside
-/// it; one task per HTTP/1 connection, as `axum::serve` does, but counted.
+/// it; one task per connection (HTTP/1.1, or HTTP/2 with prior knowledge)
+/// and one per HTTP/2 stream, as `axum::serve` does, but counted.
 async fn serve(gate: &Gate) -> Server {
     let events = Arc::new(ServerEvents::default());
     let app = Router::new()
@@ -435,11 +468,12 @@ async fn serve(gate: &Gate) -> Server {
             let Ok((stream, _)) = listener.accept().await else {
                 continue; // e.g. a connection reset before it was accepted
             };
-            let connection = OpenConnection::new(&open_tx);
+            let connection = OpenTask::new(&open_tx);
             let service = TowerToHyperService::new(app.clone());
+            let executor = CountedExecutor(open_tx.clone());
             tokio::spawn(async move {
                 let _connection = connection;
-                let _ = hyper::server::conn::http1::Builder::new()
+                let _ = auto::Builder::new(executor)
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });
@@ -450,7 +484,8 @@ async fn serve(gate: &Gate) -> Server {
 
 impl Server {
     /// Waits until every connection made so far has been accepted and has
-    /// ended: then no response future or body of the run is left.
+    /// ended, with its HTTP/2 stream tasks: then no response future or body
+    /// of the run is left.
     async fn drained(&mut self) {
         // A connection accepted after every earlier one: the listener's
         // backlog holds nothing older.
@@ -472,7 +507,7 @@ impl Server {
         match drained {
             Ok(result) => result.expect("the server's count of connections is gone"),
             Err(_) => panic!(
-                "{} connections still open {DRAIN_LIVENESS:?} after the clients left",
+                "{} connections or stream tasks still open {DRAIN_LIVENESS:?} after the clients left",
                 *self.open.borrow()
             ),
         }
@@ -485,6 +520,7 @@ impl Server {
 #[derive(Debug, Default, Clone)]
 struct ClientFigures {
     requests: u64,
+    http2: u64,
     completed: u64,
     overloaded: u64,
     server_errors: u64,
@@ -501,6 +537,7 @@ struct ClientFigures {
 impl ClientFigures {
     fn add(&mut self, other: &ClientFigures) {
         self.requests += other.requests;
+        self.http2 += other.http2;
         self.completed += other.completed;
         self.overloaded += other.overloaded;
         self.server_errors += other.server_errors;
@@ -521,14 +558,92 @@ impl ClientFigures {
     }
 }
 
-/// Reads a response to its end; false if the server cut it.
-async fn read_to_end(response: &mut reqwest::Response) -> bool {
-    loop {
-        match response.chunk().await {
-            Ok(Some(_)) => {}
-            Ok(None) => return true,
-            Err(_) => return false,
+/// The clients of one run, sharing pooled connections.
+#[derive(Clone)]
+struct Clients {
+    http1: reqwest::Client,
+    http2: PooledClient<HttpConnector, Full<Bytes>>,
+}
+
+impl Clients {
+    fn new() -> Clients {
+        Clients {
+            http1: reqwest::Client::builder()
+                .pool_max_idle_per_host(CONCURRENCY)
+                .build()
+                .unwrap(),
+            http2: PooledClient::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build_http(),
         }
+    }
+
+    /// Sends `plan`'s request; resolves at its response head.
+    async fn send(&self, addr: SocketAddr, plan: &Plan) -> Result<Streamed, ()> {
+        const BODY: &str = r#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+        let url = format!("http://{addr}{ROUTE}");
+        if plan.http2 {
+            let mut request = http::Request::post(url).header("x-chaos", plan.header());
+            for rank in &plan.ranks {
+                request = request.header("x-data-parallel-rank", rank);
+            }
+            let request = request.body(Full::new(Bytes::from_static(BODY.as_bytes())));
+            let response = self.http2.request(request.unwrap()).await.map_err(drop)?;
+            return Ok(Streamed::Http2(response));
+        }
+        let mut request = self
+            .http1
+            .post(url)
+            .header("x-chaos", plan.header())
+            .body(BODY);
+        for rank in &plan.ranks {
+            request = request.header("x-data-parallel-rank", rank);
+        }
+        let response = request.send().await.map_err(drop)?;
+        Ok(Streamed::Http1(response))
+    }
+}
+
+/// A response being read, over either protocol. Dropping it before its end
+/// closes the HTTP/1.1 connection or resets the HTTP/2 stream.
+enum Streamed {
+    Http1(reqwest::Response),
+    Http2(http::Response<hyper::body::Incoming>),
+}
+
+impl Streamed {
+    fn status(&self) -> u16 {
+        match self {
+            Streamed::Http1(response) => response.status().as_u16(),
+            Streamed::Http2(response) => response.status().as_u16(),
+        }
+    }
+
+    /// The next chunk of data; `Err` if the server cut the stream.
+    async fn chunk(&mut self) -> Result<Option<Bytes>, ()> {
+        match self {
+            Streamed::Http1(response) => response.chunk().await.map_err(drop),
+            Streamed::Http2(response) => loop {
+                match response.body_mut().frame().await {
+                    None => return Ok(None),
+                    Some(Err(_)) => return Err(()),
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Ok(Some(data));
+                        }
+                    }
+                }
+            },
+        }
+    }
+
+    /// Reads to the end; the data, or `Err` if the server cut the stream.
+    async fn read_to_end(&mut self) -> Result<Vec<u8>, ()> {
+        let mut all = Vec::new();
+        while let Some(chunk) = self.chunk().await? {
+            all.extend_from_slice(&chunk);
+        }
+        Ok(all)
     }
 }
 
@@ -544,7 +659,7 @@ fn raw_head(plan: &Plan, body_len: usize) -> Vec<u8> {
     head.into_bytes()
 }
 
-async fn one_request(client: &reqwest::Client, addr: SocketAddr, plan: &Plan) -> ClientFigures {
+async fn one_request(clients: &Clients, addr: SocketAddr, plan: &Plan) -> ClientFigures {
     let mut figures = ClientFigures {
         requests: 1,
         ..ClientFigures::default()
@@ -568,14 +683,10 @@ async fn one_request(client: &reqwest::Client, addr: SocketAddr, plan: &Plan) ->
         _ => {}
     }
 
-    let mut request = client
-        .post(format!("http://{addr}{ROUTE}"))
-        .header("x-chaos", plan.header())
-        .body(r#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#);
-    for rank in &plan.ranks {
-        request = request.header("x-data-parallel-rank", rank);
+    if plan.http2 {
+        figures.http2 += 1;
     }
-    let sent = request.send();
+    let sent = clients.send(addr, plan);
     let response = match plan.act {
         ClientAct::GiveUpWaiting { ms } => match timeout(Duration::from_millis(ms), sent).await {
             Ok(response) => response,
@@ -590,10 +701,11 @@ async fn one_request(client: &reqwest::Client, addr: SocketAddr, plan: &Plan) ->
         figures.cut_by_server += 1;
         return figures;
     };
-    match response.status().as_u16() {
+    match response.status() {
         529 => {
             figures.overloaded += 1;
-            let body = response.text().await.unwrap_or_default();
+            let body = response.read_to_end().await.unwrap_or_default();
+            let body = String::from_utf8_lossy(&body);
             assert!(
                 body.contains("overloaded"),
                 "a 529 without its JSON: {body}"
@@ -602,7 +714,7 @@ async fn one_request(client: &reqwest::Client, addr: SocketAddr, plan: &Plan) ->
         }
         500 => {
             figures.server_errors += 1;
-            let _ = response.bytes().await;
+            let _ = response.read_to_end().await;
             return figures;
         }
         200 => {}
@@ -628,13 +740,10 @@ async fn one_request(client: &reqwest::Client, addr: SocketAddr, plan: &Plan) ->
             }
             figures.dropped_mid_stream += 1;
         }
-        ClientAct::ReadAll => {
-            if read_to_end(&mut response).await {
-                figures.completed += 1;
-            } else {
-                figures.cut_by_server += 1;
-            }
-        }
+        ClientAct::ReadAll => match response.read_to_end().await {
+            Ok(_) => figures.completed += 1,
+            Err(()) => figures.cut_by_server += 1,
+        },
         ClientAct::HalfHead | ClientAct::HalfBody => unreachable!("answered above"),
     }
     figures
@@ -643,7 +752,7 @@ async fn one_request(client: &reqwest::Client, addr: SocketAddr, plan: &Plan) ->
 /// Sends requests `next..requests` (shared with the other clients) one at a
 /// time; each is bounded by `REQUEST_LIVENESS`.
 async fn client_task(
-    client: reqwest::Client,
+    clients: Clients,
     addr: SocketAddr,
     seed: u64,
     next: Arc<AtomicUsize>,
@@ -656,7 +765,7 @@ async fn client_task(
             return figures;
         }
         let plan = Plan::new(seed, index);
-        let done = timeout(REQUEST_LIVENESS, one_request(&client, addr, &plan))
+        let done = timeout(REQUEST_LIVENESS, one_request(&clients, addr, &plan))
             .await
             .unwrap_or_else(|_| {
                 panic!("request {index} ({plan:?}) stuck for {REQUEST_LIVENESS:?}")
@@ -751,15 +860,12 @@ async fn run(gate: &Gate, server: &mut Server, requests: usize, seed: u64) -> Ru
 
     let (stop, stopped) = oneshot::channel();
     let reporter = tokio::spawn(report_capacities(gate.clone(), seed, stopped));
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(CONCURRENCY)
-        .build()
-        .unwrap();
+    let pool = Clients::new();
     let next = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..CONCURRENCY)
         .map(|_| {
             tokio::spawn(client_task(
-                client.clone(),
+                pool.clone(),
                 server.addr,
                 seed,
                 next.clone(),
@@ -773,7 +879,7 @@ async fn run(gate: &Gate, server: &mut Server, requests: usize, seed: u64) -> Ru
         // broken expectation, with its plan in the message.
         clients.add(&task.await.expect("client task"));
     }
-    drop(client);
+    drop(pool);
     stop.send(()).unwrap();
     let reporter = reporter.await.unwrap();
     server.drained().await;
@@ -835,7 +941,7 @@ fn print_run(label: &str, figures: &RunFigures) {
     let clients = &figures.clients;
     let tally = &figures.tally;
     println!(
-        "{label}: {} requests in {:.1} s ({:.0}/s)\n\
+        "{label}: {} requests ({} over HTTP/2) in {:.1} s ({:.0}/s)\n\
          \x20 clients: completed {}, overloaded (529) {}, 500 {}, cut by the server {}\n\
          \x20 disconnects injected: {} (half head, before the gate {}; half body {}; \
          gave up waiting for the head {}; after the head, before the first token {}; mid-stream {})\n\
@@ -846,6 +952,7 @@ fn print_run(label: &str, figures: &RunFigures) {
          rejected {} (rank {}, worker {}), cancelled {}\n\
          \x20 counts at the end: total {:?}, unranked {:?}, ranks {:?}",
         clients.requests,
+        clients.http2,
         figures.elapsed.as_secs_f64(),
         clients.requests as f64 / figures.elapsed.as_secs_f64(),
         clients.completed,
@@ -1001,7 +1108,21 @@ async fn chaos_smoke() {
 fn plans_are_a_function_of_the_seed_and_index() {
     let (a, b) = (Plan::new(7, 42), Plan::new(7, 42));
     assert_eq!(
-        (a.handler, a.tokens, a.act, a.ranks.clone(), a.header()),
-        (b.handler, b.tokens, b.act, b.ranks.clone(), b.header())
+        (
+            a.handler,
+            a.tokens,
+            a.act,
+            a.ranks.clone(),
+            a.http2,
+            a.header()
+        ),
+        (
+            b.handler,
+            b.tokens,
+            b.act,
+            b.ranks.clone(),
+            b.http2,
+            b.header()
+        )
     );
 }
