@@ -53,7 +53,6 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tower_admission::detect::OpenAiSse;
 use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
 use tower_admission::{AdmissionArgs, AdmissionLayer, Admitted, Gate, RankExtractor, RankHeader};
@@ -214,24 +213,10 @@ async fn main() -> ExitCode {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app);
 
-    let listener = match TcpListener::bind(args.listen).await {
-        Ok(listener) => listener,
+    let (listener, address, shutdown) = match common::bind(args.listen).await {
+        Ok(bound) => bound,
         Err(error) => {
-            eprintln!("error: cannot listen on {}: {error}", args.listen);
-            return ExitCode::FAILURE;
-        }
-    };
-    let address = match listener.local_addr() {
-        Ok(address) => address,
-        Err(error) => {
-            eprintln!("error: no local address: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let shutdown = match common::Shutdown::listen() {
-        Ok(shutdown) => shutdown,
-        Err(error) => {
-            eprintln!("error: cannot catch shutdown signals: {error}");
+            eprintln!("error: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -407,20 +392,15 @@ async fn chat(app: App, request: Request) -> Result<Response, ApiError> {
         .engine_args
         .plan(body.prompt_tokens(), max_tokens)
         .map_err(ApiError::invalid)?;
-    let tokens = app.submit(plan, rank)?;
-    let answer = Answer {
-        api: Api::Chat,
-        id: app.ids.next("chatcmpl"),
-        created: unix_seconds(),
-        model: body.model,
+    app.generate(
+        Api::Chat,
+        body.model,
         plan,
-    };
-    if body.stream.unwrap_or(false) {
-        let include_usage = body.stream_options.unwrap_or_default().include_usage;
-        Ok(answer.stream(tokens, include_usage).into_response())
-    } else {
-        Ok(answer.collect(tokens).await.into_response())
-    }
+        rank,
+        body.stream,
+        body.stream_options,
+    )
+    .await
 }
 
 async fn completions(State(app): State<App>, request: Request) -> Response {
@@ -437,23 +417,49 @@ async fn complete(app: App, request: Request) -> Result<Response, ApiError> {
         .engine_args
         .plan(body.prompt_tokens()?, body.max_tokens)
         .map_err(ApiError::invalid)?;
-    let tokens = app.submit(plan, rank)?;
-    let answer = Answer {
-        api: Api::Completion,
-        id: app.ids.next("cmpl"),
-        created: unix_seconds(),
-        model: body.model,
+    app.generate(
+        Api::Completion,
+        body.model,
         plan,
-    };
-    if body.stream.unwrap_or(false) {
-        let include_usage = body.stream_options.unwrap_or_default().include_usage;
-        Ok(answer.stream(tokens, include_usage).into_response())
-    } else {
-        Ok(answer.collect(tokens).await.into_response())
-    }
+        rank,
+        body.stream,
+        body.stream_options,
+    )
+    .await
 }
 
 impl App {
+    /// Runs a validated request on the engine and answers it: a stream of
+    /// chunks when asked for, one JSON answer otherwise.
+    async fn generate(
+        &self,
+        api: Api,
+        model: String,
+        plan: Plan,
+        rank: Option<u32>,
+        stream: Option<bool>,
+        stream_options: Option<StreamOptions>,
+    ) -> Result<Response, ApiError> {
+        let tokens = self.submit(plan, rank)?;
+        let id_prefix = match api {
+            Api::Chat => "chatcmpl",
+            Api::Completion => "cmpl",
+        };
+        let answer = Answer {
+            api,
+            id: self.ids.next(id_prefix),
+            created: unix_seconds(),
+            model,
+            plan,
+        };
+        if stream.unwrap_or(false) {
+            let include_usage = stream_options.unwrap_or_default().include_usage;
+            Ok(answer.stream(tokens, include_usage).into_response())
+        } else {
+            Ok(answer.collect(tokens).await.into_response())
+        }
+    }
+
     /// The rank to run a request on: the one the gate counted it on, or
     /// (without admission control) the one its header asks for.
     fn engine_rank(&self, request: &Request) -> Option<u32> {

@@ -45,7 +45,6 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use futures::{Stream, StreamExt};
 use http::uri::PathAndQuery;
-use tokio::net::TcpListener;
 use tonic::codec::Streaming;
 use tonic::metadata::MetadataValue;
 use tonic::server::{Grpc as GrpcServer, NamedService, ServerStreamingService};
@@ -290,24 +289,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         (Some(layer), banner)
     };
 
-    let listener = match TcpListener::bind(args.listen).await {
-        Ok(listener) => listener,
+    let (listener, address, shutdown) = match common::bind(args.listen).await {
+        Ok(bound) => bound,
         Err(error) => {
-            eprintln!("error: cannot listen on {}: {error}", args.listen);
-            return ExitCode::FAILURE;
-        }
-    };
-    let address = match listener.local_addr() {
-        Ok(address) => address,
-        Err(error) => {
-            eprintln!("error: no local address: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let shutdown = match common::Shutdown::listen() {
-        Ok(shutdown) => shutdown,
-        Err(error) => {
-            eprintln!("error: cannot catch shutdown signals: {error}");
+            eprintln!("error: {error}");
             return ExitCode::FAILURE;
         }
     };

@@ -199,6 +199,22 @@ impl Shutdown {
     }
 }
 
+/// Binds the server's socket and starts catching the shutdown signals,
+/// before the address is announced. The error says what failed.
+pub async fn bind(
+    listen: std::net::SocketAddr,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr, Shutdown), String> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|error| format!("cannot listen on {listen}: {error}"))?;
+    let address = listener
+        .local_addr()
+        .map_err(|error| format!("no local address: {error}"))?;
+    let shutdown =
+        Shutdown::listen().map_err(|error| format!("cannot catch shutdown signals: {error}"))?;
+    Ok((listener, address, shutdown))
+}
+
 /// How long open responses may go on after a shutdown signal.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
