@@ -52,6 +52,7 @@ pub mod sizing;
 pub use crate::config::AdmissionArgs;
 pub use crate::config::{
     AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, Limits,
+    MAX_DP_RANKS,
 };
 #[cfg(feature = "http")]
 pub use crate::detect::FirstTokenDetector;

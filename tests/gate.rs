@@ -1,6 +1,8 @@
 //! The gate's behaviour across its public API: SPEC §2 (two engine limits and
 //! a bounded FIFO queue), §3 (data-parallel ranks) and §5 (capacity reports).
 
+use std::future::Future;
+
 use futures::FutureExt;
 use tokio_test::task::{Spawn, spawn};
 use tokio_test::{assert_pending, assert_ready};
@@ -519,4 +521,51 @@ fn a_rank_that_reappears_starts_from_its_own_counts() {
     assert_eq!(gate.snapshot().unranked, counts(0, 0, 0));
     drop(fresh);
     assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[test]
+fn a_panicking_waker_does_not_keep_the_other_admitted_waiters_asleep() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Wake, Waker};
+
+    struct Panicking;
+    impl Wake for Panicking {
+        fn wake(self: Arc<Self>) {
+            panic!("a waker that panics");
+        }
+    }
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    let gate = Gate::new(AdmissionConfig::new().capacity(EngineCapacity::new(1, 1)));
+    let _holder = admitted(&gate, None);
+    let mut first = gate.acquire(None);
+    let mut second = gate.acquire(None);
+    let panicking = Waker::from(Arc::new(Panicking));
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let flagged = Waker::from(flag.clone());
+    assert!(
+        std::pin::Pin::new(&mut first)
+            .poll(&mut Context::from_waker(&panicking))
+            .is_pending()
+    );
+    assert!(
+        std::pin::Pin::new(&mut second)
+            .poll(&mut Context::from_waker(&flagged))
+            .is_pending()
+    );
+
+    // Growth admits both at once; waking the first panics.
+    let grown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        gate.report_capacity(EngineCapacity::new(3, 1))
+    }));
+    assert!(grown.is_err());
+    assert!(flag.0.load(Ordering::SeqCst), "the second waiter was woken");
+    assert!(second.now_or_never().unwrap().is_ok());
+    assert!(first.now_or_never().unwrap().is_ok());
 }

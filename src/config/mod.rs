@@ -21,6 +21,11 @@ pub const DEFAULT_ENGINE_LIMIT: usize = 10_000;
 /// Per-rank default queue limit until the engine reports its capacity.
 pub const DEFAULT_QUEUE_LIMIT: usize = 2 * DEFAULT_ENGINE_LIMIT;
 
+/// The most data-parallel ranks a capacity report may name. The gate keeps
+/// state (and metric series) per rank, so a corrupt report of billions of
+/// ranks must not be believed; real deployments run tens to hundreds.
+pub const MAX_DP_RANKS: usize = 4096;
+
 /// What the engine says about itself: how many sequences one data-parallel
 /// rank runs at once, and how many ranks there are.
 ///
@@ -44,11 +49,14 @@ impl EngineCapacity {
     }
 
     /// Why this report cannot be used, if it cannot: a report of zero ranks or
-    /// zero sequences describes an engine that can run nothing, which is far
+    /// zero sequences describes an engine that can run nothing, and one of
+    /// more than [`MAX_DP_RANKS`] ranks an engine no one runs; either is far
     /// more likely a bug in the reporter than the truth.
     pub(crate) fn invalid_reason(&self) -> Option<&'static str> {
         if self.dp_ranks == 0 {
             Some("dp_ranks is 0")
+        } else if self.dp_ranks > MAX_DP_RANKS {
+            Some("dp_ranks is above MAX_DP_RANKS")
         } else if self.max_num_seqs == 0 {
             Some("max_num_seqs is 0")
         } else {
@@ -303,6 +311,14 @@ mod tests {
     fn a_zero_queue_limit_is_valid() {
         let config = AdmissionConfig::new().request_queue_limit(0);
         assert_eq!(config.limits_for(None).request_queue_limit, 0);
+    }
+
+    #[test]
+    fn a_report_of_absurdly_many_ranks_is_ignored() {
+        let config = AdmissionConfig::new().capacity(EngineCapacity::new(8, MAX_DP_RANKS + 1));
+        assert_eq!(config.capacity, None);
+        let config = AdmissionConfig::new().capacity(EngineCapacity::new(8, MAX_DP_RANKS));
+        assert_eq!(config.capacity, Some(EngineCapacity::new(8, MAX_DP_RANKS)));
     }
 
     #[test]

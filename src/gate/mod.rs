@@ -294,7 +294,10 @@ impl Gate {
             }
         });
         drop(state);
-        for waker in wakers {
+        // Every admitted waiter must hear of it: should one waker panic, the
+        // rest are still woken while the panic unwinds.
+        let mut pending = WakeOnDrop(wakers.into_iter());
+        for waker in &mut pending.0 {
             waker.wake();
         }
     }
@@ -314,6 +317,17 @@ impl Gate {
         #[cfg(feature = "metrics")]
         self.inner.metrics.on_release(&state, grant, waited);
         self.wake_offered(state);
+    }
+}
+
+/// Wakes whatever wakers are left when dropped.
+struct WakeOnDrop(std::vec::IntoIter<Waker>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        for waker in &mut self.0 {
+            waker.wake();
+        }
     }
 }
 
