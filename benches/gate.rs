@@ -17,7 +17,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures::FutureExt;
 use futures::task::noop_waker_ref;
 use tower::{Service, limit::ConcurrencyLimit};
@@ -137,5 +137,64 @@ impl AdmittedNow for Acquire {
     }
 }
 
+/// The uncontended comparison and the queue-depth costs again, interleaved
+/// (see `support`), for ratios a noisy machine cannot skew.
+fn interleaved() {
+    let gate = Gate::new(AdmissionConfig::new());
+    let semaphore = Arc::new(tokio::sync::Semaphore::new(10_000));
+    let owned = semaphore.clone();
+    support::print_table(
+        "uncontended: one request's life",
+        &mut [
+            ("tokio Semaphore acquire/release", &mut || {
+                let permit = semaphore.acquire().now_or_never().unwrap().unwrap();
+                drop(black_box(permit));
+            }),
+            ("tokio Semaphore acquire_owned/release", &mut || {
+                let permit = owned
+                    .clone()
+                    .acquire_owned()
+                    .now_or_never()
+                    .unwrap()
+                    .unwrap();
+                drop(black_box(permit));
+            }),
+            ("gate acquire/first_token/release", &mut || {
+                let mut permit = gate
+                    .acquire(black_box(None))
+                    .now_or_never()
+                    .unwrap()
+                    .unwrap();
+                permit.first_token();
+                drop(black_box(permit));
+            }),
+        ],
+    );
+
+    let (shallow_gate, _shallow_holder, mut shallow) = queued_gate(10);
+    let (deep_gate, _deep_holder, mut deep) = queued_gate(100_000);
+    support::print_table(
+        "cancel the oldest waiter, a newcomer joins",
+        &mut [
+            ("10 queued", &mut || {
+                drop(shallow.pop_front());
+                shallow.push_back(shallow_gate.acquire(None));
+            }),
+            ("100,000 queued", &mut || {
+                drop(deep.pop_front());
+                deep.push_back(deep_gate.acquire(None));
+            }),
+        ],
+    );
+}
+
+#[path = "support/mod.rs"]
+mod support;
+
 criterion_group!(benches, uncontended, queue_depth);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    interleaved();
+}

@@ -20,7 +20,7 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use tower::limit::ConcurrencyLimit;
@@ -143,5 +143,43 @@ fn streaming_request(c: &mut Criterion) {
     assert_eq!(gate.snapshot().total, Default::default(), "capacity leaked");
 }
 
+/// The same four, interleaved (see `support`), for ratios a noisy machine
+/// cannot skew.
+fn interleaved() {
+    let gate = Gate::new(AdmissionConfig::new());
+    let mut bare = Chat;
+    let mut limited = ConcurrencyLimit::new(Chat, 10_000);
+    let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat);
+    let mut admission_sse = AdmissionLayer::new(gate.clone())
+        .detector(OpenAiSse::default())
+        .layer(Chat);
+    support::print_table(
+        "one 20-event SSE request",
+        &mut [
+            ("bare", &mut || {
+                black_box(one_request(&mut bare));
+            }),
+            ("tower ConcurrencyLimit", &mut || {
+                black_box(one_request(&mut limited));
+            }),
+            ("Admission, AnyData detector", &mut || {
+                black_box(one_request(&mut admission));
+            }),
+            ("Admission, OpenAiSse detector", &mut || {
+                black_box(one_request(&mut admission_sse));
+            }),
+        ],
+    );
+    assert_eq!(gate.snapshot().total, Default::default(), "capacity leaked");
+}
+
+#[path = "support/mod.rs"]
+mod support;
+
 criterion_group!(benches, streaming_request);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    interleaved();
+}
