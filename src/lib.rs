@@ -32,6 +32,29 @@
 //! Unranked requests (no rank, or one the engine has not reported) draw on
 //! the combined capacity of all ranks. A rank is only as trustworthy as
 //! whatever supplied it: take it from your router, not from end users.
+//!
+//! # As a Tower layer
+//!
+//! With the `http` feature (on by default), `AdmissionLayer` puts the gate in
+//! front of an axum, tonic or hyper service. The permit travels into the
+//! response body and is released when the stream ends. A
+//! [`FirstTokenDetector`] decides where waiting ends. Rejected requests get
+//! `529` with an OpenAI-style JSON error, or a gRPC `UNAVAILABLE`. The `http`
+//! module has the details and explains how the layer composes with timeouts
+//! and rate limits.
+//!
+//! # Features
+//!
+//! | feature | default | what |
+//! |---|---|---|
+//! | `http` | yes | the Tower layer, the overload answers, the detectors |
+//! | `hyper` | yes | the `Site is overloaded` reason phrase on HTTP/1 |
+//! | `metrics` | yes | the series of the `metrics` module, through the `metrics` facade |
+//! | `clap` | no | `AdmissionArgs`, the three admission flags for a server's CLI |
+//! | `sim` | no | a simulated continuous-batching engine, workloads and the overload sweep |
+//!
+//! Configuration from the environment: [`AdmissionConfig::from_env`].
+//! Sizing the waiting limit with Little's law: [`sizing`].
 #![deny(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
