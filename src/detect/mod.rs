@@ -24,6 +24,7 @@
 mod any_data;
 mod grpc;
 mod media_type;
+mod openai_json;
 mod openai_sse;
 
 pub use self::any_data::AnyData;

@@ -1,10 +1,9 @@
 //! [`OpenAiSse`]: waiting ends at the first event of an OpenAI-compatible
 //! event stream that carries output.
 
-use serde_json::{Map, Value};
-
 use super::FirstTokenDetector;
 use super::media_type::media_type;
+use super::openai_json::object_ends_waiting;
 
 /// Waiting ends at the first event of an OpenAI-compatible
 /// `text/event-stream` that carries generated output, or that says the
@@ -345,74 +344,9 @@ fn event_ends_waiting(data: &[u8]) -> bool {
     if data == b"[DONE]" {
         return true;
     }
-    match serde_json::from_slice::<Value>(data) {
-        Ok(Value::Object(chunk)) => chunk_ends_waiting(&chunk),
-        // Not recognisably metadata: the client sees it as output.
-        _ => true,
-    }
-}
-
-/// The delta members that carry generated output.
-const OUTPUT_DELTA_MEMBERS: [&str; 6] = [
-    "content",
-    "reasoning_content",
-    "reasoning",
-    "refusal",
-    "tool_calls",
-    "function_call",
-];
-
-fn chunk_ends_waiting(chunk: &Map<String, Value>) -> bool {
-    let is_error = chunk.get("error").is_some_and(carries_something)
-        || chunk.get("object").and_then(Value::as_str) == Some("error");
-    let choices_end_waiting = chunk
-        .get("choices")
-        .and_then(Value::as_array)
-        .is_some_and(|choices| choices.iter().any(choice_ends_waiting));
-    let response_event_ends_waiting = chunk
-        .get("type")
-        .and_then(Value::as_str)
-        .is_some_and(|kind| response_event_ends_waiting(kind, chunk));
-    is_error || choices_end_waiting || response_event_ends_waiting
-}
-
-fn choice_ends_waiting(choice: &Value) -> bool {
-    let Some(choice) = choice.as_object() else {
-        return false;
-    };
-    let finished = choice.get("finish_reason").is_some_and(carries_something);
-    let text = choice.get("text").is_some_and(carries_something);
-    let delta = choice
-        .get("delta")
-        .and_then(Value::as_object)
-        .is_some_and(|delta| {
-            OUTPUT_DELTA_MEMBERS
-                .iter()
-                .any(|member| delta.get(*member).is_some_and(carries_something))
-        });
-    finished || text || delta
-}
-
-/// An event of the Responses API (`/v1/responses`), which names its kind in
-/// `type`: output arrives in `*.delta` events, the answer ends in one of
-/// the terminal events.
-fn response_event_ends_waiting(kind: &str, event: &Map<String, Value>) -> bool {
-    match kind {
-        "response.completed" | "response.incomplete" | "response.failed" | "error" => true,
-        _ => kind.ends_with(".delta") && event.get("delta").is_some_and(carries_something),
-    }
-}
-
-/// Whether a member's value is more than a placeholder: not `null`, and
-/// not an empty string, array or object.
-fn carries_something(value: &Value) -> bool {
-    match value {
-        Value::Null => false,
-        Value::String(text) => !text.is_empty(),
-        Value::Array(items) => !items.is_empty(),
-        Value::Object(members) => !members.is_empty(),
-        Value::Bool(_) | Value::Number(_) => true,
-    }
+    // Not a JSON object: not recognisably metadata, so the client sees it
+    // as output.
+    object_ends_waiting(data).unwrap_or(true)
 }
 
 /// Up to `N` bytes; longer contents are remembered only as "too long".
@@ -810,5 +744,186 @@ mod tests {
         assert_eq!(bytes.as_slice(), None);
         bytes.clear();
         assert_eq!(bytes.as_slice(), Some(&b""[..]));
+    }
+}
+
+/// The judgement as first written, over a `serde_json::Value`: the oracle
+/// the allocation-free judge is checked against.
+#[cfg(test)]
+mod value_oracle {
+    use serde_json::{Map, Value};
+
+    /// Whether the data of one dispatched event is output or the end of the
+    /// answer, rather than interim metadata.
+    pub(super) fn event_ends_waiting(data: &[u8]) -> bool {
+        let data = data.trim_ascii();
+        if data.is_empty() {
+            return false;
+        }
+        if data == b"[DONE]" {
+            return true;
+        }
+        match serde_json::from_slice::<Value>(data) {
+            Ok(Value::Object(chunk)) => chunk_ends_waiting(&chunk),
+            // Not recognisably metadata: the client sees it as output.
+            _ => true,
+        }
+    }
+
+    /// The delta members that carry generated output.
+    const OUTPUT_DELTA_MEMBERS: [&str; 6] = [
+        "content",
+        "reasoning_content",
+        "reasoning",
+        "refusal",
+        "tool_calls",
+        "function_call",
+    ];
+
+    fn chunk_ends_waiting(chunk: &Map<String, Value>) -> bool {
+        let is_error = chunk.get("error").is_some_and(carries_something)
+            || chunk.get("object").and_then(Value::as_str) == Some("error");
+        let choices_end_waiting = chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|choices| choices.iter().any(choice_ends_waiting));
+        let response_event_ends_waiting = chunk
+            .get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|kind| response_event_ends_waiting(kind, chunk));
+        is_error || choices_end_waiting || response_event_ends_waiting
+    }
+
+    fn choice_ends_waiting(choice: &Value) -> bool {
+        let Some(choice) = choice.as_object() else {
+            return false;
+        };
+        let finished = choice.get("finish_reason").is_some_and(carries_something);
+        let text = choice.get("text").is_some_and(carries_something);
+        let delta = choice
+            .get("delta")
+            .and_then(Value::as_object)
+            .is_some_and(|delta| {
+                OUTPUT_DELTA_MEMBERS
+                    .iter()
+                    .any(|member| delta.get(*member).is_some_and(carries_something))
+            });
+        finished || text || delta
+    }
+
+    /// An event of the Responses API (`/v1/responses`), which names its kind in
+    /// `type`: output arrives in `*.delta` events, the answer ends in one of
+    /// the terminal events.
+    fn response_event_ends_waiting(kind: &str, event: &Map<String, Value>) -> bool {
+        match kind {
+            "response.completed" | "response.incomplete" | "response.failed" | "error" => true,
+            _ => kind.ends_with(".delta") && event.get("delta").is_some_and(carries_something),
+        }
+    }
+
+    /// Whether a member's value is more than a placeholder: not `null`, and
+    /// not an empty string, array or object.
+    fn carries_something(value: &Value) -> bool {
+        match value {
+            Value::Null => false,
+            Value::String(text) => !text.is_empty(),
+            Value::Array(items) => !items.is_empty(),
+            Value::Object(members) => !members.is_empty(),
+            Value::Bool(_) | Value::Number(_) => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod judge_agrees_with_the_value_oracle {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    fn json() -> impl Strategy<Value = Value> {
+        let names = prop_oneof![
+            Just("choices"),
+            Just("delta"),
+            Just("content"),
+            Just("role"),
+            Just("reasoning_content"),
+            Just("reasoning"),
+            Just("refusal"),
+            Just("tool_calls"),
+            Just("function_call"),
+            Just("finish_reason"),
+            Just("text"),
+            Just("error"),
+            Just("object"),
+            Just("type"),
+            Just("usage"),
+            Just("index"),
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            prop_oneof![
+                Just(String::new()),
+                Just("x".to_owned()),
+                Just("error".to_owned()),
+                Just("response.completed".to_owned()),
+                Just("response.output_text.delta".to_owned()),
+                Just("chat.completion.chunk".to_owned()),
+                Just("stop".to_owned()),
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 5, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec((names.clone(), inner), 0..5).prop_map(|members| {
+                    Value::Object(
+                        members
+                            .into_iter()
+                            .map(|(name, value)| (name.to_owned(), value))
+                            .collect::<Map<String, Value>>(),
+                    )
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        #[test]
+        fn on_generated_json(value in json()) {
+            let data = serde_json::to_vec(&value).unwrap();
+            prop_assert_eq!(
+                super::event_ends_waiting(&data),
+                super::value_oracle::event_ends_waiting(&data),
+                "{}", String::from_utf8_lossy(&data)
+            );
+        }
+
+        #[test]
+        fn on_arbitrary_bytes(data in proptest::collection::vec(any::<u8>(), 0..64)) {
+            prop_assert_eq!(
+                super::event_ends_waiting(&data),
+                super::value_oracle::event_ends_waiting(&data)
+            );
+        }
+    }
+
+    #[test]
+    fn duplicate_members_count_as_their_last_occurrence() {
+        for data in [
+            &br#"{"choices":[{"delta":{"content":"x","content":""}}]}"#[..],
+            br#"{"choices":[{"delta":{"content":"","content":"x"}}]}"#,
+            br#"{"error":{"message":"x"},"error":null}"#,
+            br#"{"type":"response.output_text.delta","delta":"x","delta":""}"#,
+        ] {
+            assert_eq!(
+                super::event_ends_waiting(data),
+                super::value_oracle::event_ends_waiting(data),
+                "{}",
+                String::from_utf8_lossy(data)
+            );
+        }
     }
 }

@@ -1,0 +1,361 @@
+//! Judging one OpenAI-compatible event's JSON without building it: a
+//! streaming pass over the document that keeps a few booleans and allocates
+//! nothing. This runs on every event before the first token, so it is on
+//! every request's path.
+//!
+//! Duplicate members are judged as `serde_json::Value` would keep them: the
+//! last one wins.
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use std::fmt;
+
+/// Whether the data of one event is output or the end of the answer:
+/// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
+/// (another JSON value, or not JSON at all).
+pub(super) fn object_ends_waiting(data: &[u8]) -> Option<bool> {
+    let mut deserializer = serde_json::Deserializer::from_slice(data);
+    let judged = deserializer.deserialize_any(TopLevel).ok()?;
+    deserializer.end().ok()?;
+    judged
+}
+
+/// The visits of numbers, booleans and `null`, for a visitor whose answer to
+/// each of them is `$answer` (to `null`, `$null` if given).
+macro_rules! scalars_answer {
+    ($answer:expr) => {
+        scalars_answer!($answer, $answer);
+    };
+    ($answer:expr, $null:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($null)
+        }
+    };
+}
+
+/// The delta members that carry generated output.
+const OUTPUT_DELTA_MEMBERS: [&str; 6] = [
+    "content",
+    "reasoning_content",
+    "reasoning",
+    "refusal",
+    "tool_calls",
+    "function_call",
+];
+
+/// Drains whatever value is next; used where a value's content does not matter.
+fn skip<'de, A: MapAccess<'de>>(map: &mut A) -> Result<(), A::Error> {
+    map.next_value::<IgnoredAny>().map(drop)
+}
+
+/// The document: an object is judged, anything else is `None`.
+struct TopLevel;
+
+impl<'de> Visitor<'de> for TopLevel {
+    type Value = Option<bool>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<bool>, A::Error> {
+        let mut error = false;
+        let mut object_is_error = false;
+        let mut choices = false;
+        let mut kind = Kind::default();
+        let mut delta = false;
+        while let Some(key) =
+            map.next_key_seed(KeyIs(&["error", "object", "choices", "type", "delta"]))?
+        {
+            match key {
+                Some(0) => error = map.next_value_seed(Something)?,
+                Some(1) => object_is_error = map.next_value_seed(StrIs("error"))?,
+                Some(2) => choices = map.next_value_seed(Choices)?,
+                Some(3) => kind = map.next_value_seed(KindOf)?,
+                Some(4) => delta = map.next_value_seed(Something)?,
+                _ => skip(&mut map)?,
+            }
+        }
+        // The Responses API names its events in `type`: output comes in
+        // `*.delta` events, and the answer ends in a terminal one.
+        let response_event = kind.terminal || (kind.delta && delta);
+        Ok(Some(error || object_is_error || choices || response_event))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<bool>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    scalars_answer!(None);
+    fn visit_str<E>(self, _: &str) -> Result<Option<bool>, E> {
+        Ok(None)
+    }
+}
+
+/// A member name: `Some(i)` when it is `names[i]`, else `None`.
+struct KeyIs(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KeyIs {
+    type Value = Option<usize>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<usize>, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIs {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|candidate| *candidate == name))
+    }
+}
+
+/// Whether a value is more than a placeholder: not `null`, and not an empty
+/// string, array or object.
+struct Something;
+
+impl<'de> DeserializeSeed<'de> for Something {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Something {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    scalars_answer!(true, false);
+    fn visit_str<E>(self, text: &str) -> Result<bool, E> {
+        Ok(!text.is_empty())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        let mut any = false;
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            any = true;
+        }
+        Ok(any)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut any = false;
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+            any = true;
+        }
+        Ok(any)
+    }
+}
+
+/// Whether a value is the string given.
+struct StrIs(&'static str);
+
+impl<'de> DeserializeSeed<'de> for StrIs {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrIs {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<bool, E> {
+        Ok(text == self.0)
+    }
+    scalars_answer!(false);
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        Something.visit_seq(seq).map(|_| false)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+        Something.visit_map(map).map(|_| false)
+    }
+}
+
+/// What a Responses API event's `type` says.
+#[derive(Debug, Default, Clone, Copy)]
+struct Kind {
+    /// The answer is over: completed, incomplete, failed, or an error.
+    terminal: bool,
+    /// An `*.delta` event: output if its `delta` carries something.
+    delta: bool,
+}
+
+struct KindOf;
+
+impl<'de> DeserializeSeed<'de> for KindOf {
+    type Value = Kind;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Kind, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KindOf {
+    type Value = Kind;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_str<E>(self, kind: &str) -> Result<Kind, E> {
+        Ok(Kind {
+            terminal: matches!(
+                kind,
+                "response.completed" | "response.incomplete" | "response.failed" | "error"
+            ),
+            delta: kind.ends_with(".delta"),
+        })
+    }
+    scalars_answer!(Kind::default());
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Kind, A::Error> {
+        Something.visit_seq(seq).map(|_| Kind::default())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Kind, A::Error> {
+        Something.visit_map(map).map(|_| Kind::default())
+    }
+}
+
+/// `choices`: whether any choice carries output or a finish reason. Only an
+/// array can; any other value is drained and says no.
+struct Choices;
+
+impl<'de> DeserializeSeed<'de> for Choices {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Choices {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        let mut any = false;
+        while let Some(ends) = seq.next_element_seed(Choice)? {
+            any |= ends;
+        }
+        Ok(any)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+        Something.visit_map(map).map(|_| false)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+    scalars_answer!(false);
+}
+
+/// One choice: a `finish_reason`, completion `text`, or an output member of
+/// its `delta`. Only an object can say yes.
+struct Choice;
+
+impl<'de> DeserializeSeed<'de> for Choice {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Choice {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut finished = false;
+        let mut text = false;
+        let mut delta = false;
+        while let Some(key) = map.next_key_seed(KeyIs(&["finish_reason", "text", "delta"]))? {
+            match key {
+                Some(0) => finished = map.next_value_seed(Something)?,
+                Some(1) => text = map.next_value_seed(Something)?,
+                Some(2) => delta = map.next_value_seed(Delta)?,
+                _ => skip(&mut map)?,
+            }
+        }
+        Ok(finished || text || delta)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        Something.visit_seq(seq).map(|_| false)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+    scalars_answer!(false);
+}
+
+/// A chat `delta`: whether any output member carries something (each
+/// member's last occurrence counts). Only an object can say yes.
+struct Delta;
+
+impl<'de> DeserializeSeed<'de> for Delta {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Delta {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut carries = [false; OUTPUT_DELTA_MEMBERS.len()];
+        while let Some(key) = map.next_key_seed(KeyIs(&OUTPUT_DELTA_MEMBERS))? {
+            match key {
+                Some(member) => carries[member] = map.next_value_seed(Something)?,
+                None => skip(&mut map)?,
+            }
+        }
+        Ok(carries.iter().any(|&carries| carries))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        Something.visit_seq(seq).map(|_| false)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+    scalars_answer!(false);
+}
