@@ -20,6 +20,10 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use tower_admission::{Acquire, AdmissionConfig, Counts, EngineCapacity, Gate, Permit};
 
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
+
 // ---- a counting allocator ----
 
 struct Counting;
@@ -87,23 +91,6 @@ const KEPT_FOR_REUSE: usize = 16 * 1024;
 
 const STORM: usize = 100_000;
 
-/// SplitMix64: a small seeded generator, printed so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 fn seed() -> u64 {
     let seed = std::env::var("STORM_SEED")
         .ok()
@@ -155,7 +142,7 @@ impl Storm {
             .collect();
         let mut order: Vec<usize> = (0..STORM).collect();
         for i in (1..order.len()).rev() {
-            order.swap(i, rng.below(i + 1));
+            order.swap(i, rng.index(i + 1));
         }
         Storm {
             acquires: (0..STORM).map(|_| None).collect(),
@@ -194,7 +181,7 @@ impl Storm {
             list.drain(..).collect()
         };
         for index in woken {
-            if rng.below(8) == 0 {
+            if rng.index(8) == 0 {
                 self.acquires[index] = None; // cancelled after the offer
             } else {
                 self.poll(index);
@@ -206,9 +193,9 @@ impl Storm {
         if self.held.is_empty() {
             return;
         }
-        let at = rng.below(self.held.len());
+        let at = rng.index(self.held.len());
         let mut permit = self.held.swap_remove(at);
-        if rng.below(2) == 0 {
+        if rng.index(2) == 0 {
             permit.first_token(); // waiting ends first, the request later
         }
         drop(permit);
@@ -219,7 +206,7 @@ impl Storm {
 /// order while permits are released and admitted waiters polled. Returns
 /// the live bytes at the baseline, with the whole queue, and after.
 fn run_storm(gate: &Gate, ranks: u32, rng: &mut Rng, storm: &mut Storm) -> (usize, usize, usize) {
-    let rank_of = |rng: &mut Rng| match rng.below(ranks as usize + 1) {
+    let rank_of = |rng: &mut Rng| match rng.index(ranks as usize + 1) {
         0 => None,
         rank => Some(rank as u32 - 1),
     };
@@ -245,7 +232,7 @@ fn run_storm(gate: &Gate, ranks: u32, rng: &mut Rng, storm: &mut Storm) -> (usiz
     for step in 0..STORM {
         let index = storm.order[step];
         storm.acquires[index] = None; // cancels it, unless admitted already
-        if rng.below(3) == 0 {
+        if rng.index(3) == 0 {
             storm.release_one(rng);
         }
         storm.poll_woken(rng);

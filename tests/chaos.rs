@@ -68,6 +68,10 @@ use tower_admission::{
     AdmissionConfig, AdmissionLayer, Counts, EngineCapacity, Gate, RankHeader, Snapshot, Tally,
 };
 
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
+
 /// Clients sending at once.
 const CONCURRENCY: usize = 64;
 /// Longest any one request may take before the test calls it stuck.
@@ -87,43 +91,6 @@ const DONE_CHUNK: &[u8] = b"data: [DONE]\n\n";
 const INJECTED: &str = "injected chaos panic";
 
 // ---- randomness ----
-
-/// SplitMix64: small, seeded, one per request so that a request's plan does
-/// not depend on scheduling.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        let mut rng = Rng(seed);
-        rng.next();
-        rng
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// One of `weights.len()` outcomes, each with its weight.
-    fn pick(&mut self, weights: &[u64]) -> usize {
-        let mut roll = self.below(weights.iter().sum());
-        for (index, &weight) in weights.iter().enumerate() {
-            if roll < weight {
-                return index;
-            }
-            roll -= weight;
-        }
-        unreachable!("roll below the sum of weights")
-    }
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
