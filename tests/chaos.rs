@@ -41,8 +41,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -71,6 +71,10 @@ use tower_admission::{
 #[path = "support/rng.rs"]
 mod rng;
 use rng::Rng;
+
+#[path = "support/panics.rs"]
+mod panics_hook;
+use panics_hook::quiet_injected_panics;
 
 /// Clients sending at once.
 const CONCURRENCY: usize = 64;
@@ -1008,23 +1012,6 @@ fn resident_kib() -> u64 {
         .expect("VmRSS in /proc/self/status")
 }
 
-fn quiet_injected_panics() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let message = info
-                .payload()
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
-            if !message.is_some_and(|message| message.contains(INJECTED)) {
-                default(info);
-            }
-        }));
-    });
-}
-
 /// A worker whose defaults follow the engine (request limit `max_num_seqs`,
 /// queue `2 × max_num_seqs` per rank) with an explicit waiting limit of 6
 /// per rank, so that first tokens matter.
@@ -1039,7 +1026,7 @@ fn worker_gate() -> Gate {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a soak of tens of thousands of requests: CHAOS_REQUESTS=20000 cargo test --release --test chaos -- --ignored"]
 async fn chaos_soak() {
-    quiet_injected_panics();
+    quiet_injected_panics(INJECTED);
     let requests = env_or("CHAOS_REQUESTS", 20_000usize);
     let seed = seed();
     let gate = worker_gate();
@@ -1070,7 +1057,7 @@ async fn chaos_soak() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_smoke() {
-    quiet_injected_panics();
+    quiet_injected_panics(INJECTED);
     let seed = seed();
     let gate = worker_gate();
     let mut server = serve(&gate).await;

@@ -9,7 +9,7 @@
 use std::convert::Infallible;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::Once;
+
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,31 +25,18 @@ use tower_admission::{
     AdmissionConfig, AdmissionLayer, AdmitSource, Counts, FirstTokenDetector, Gate,
 };
 
+#[path = "support/panics.rs"]
+mod panics_hook;
+use panics_hook::quiet_injected_panics;
+
 const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Panics raised on purpose say so; the hook keeps them off stderr.
 const INJECTED: &str = "injected panic";
 
-fn quiet_injected_panics() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let message = info
-                .payload()
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
-            if !message.is_some_and(|message| message.contains(INJECTED)) {
-                default(info);
-            }
-        }));
-    });
-}
-
 /// One request at a time, four more may queue.
 fn gate() -> Gate {
-    quiet_injected_panics();
+    quiet_injected_panics(INJECTED);
     Gate::new(
         AdmissionConfig::new()
             .engine_request_limit(1)
