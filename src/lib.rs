@@ -71,6 +71,13 @@ pub mod metrics;
 pub mod sim;
 pub mod sizing;
 
+/// Who hears of the gate's events: the `metrics` series when the feature is
+/// on, nobody otherwise. The one place that chooses.
+#[cfg(feature = "metrics")]
+type DefaultObserver = crate::metrics::Recorder;
+#[cfg(not(feature = "metrics"))]
+type DefaultObserver = crate::gate::observe::NoObserver;
+
 #[cfg(feature = "clap")]
 pub use crate::config::AdmissionArgs;
 pub use crate::config::{

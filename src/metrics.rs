@@ -40,13 +40,19 @@
 //!
 //! # Recording
 //!
-//! The gauges are *set* from the gate's own counts, inside the critical
-//! section of each event, never incremented or decremented: they cannot
-//! drift from the truth, and the last value written is always the latest
-//! state. Handles are registered when the gate is built and when the
-//! engine reports new ranks, so install the recorder (exporter) before
-//! creating the [`Gate`](crate::Gate); events then touch pre-registered
-//! handles and allocate nothing.
+//! The gate hands each event's counts and tallies to this module after it
+//! has released its lock; the recorder never runs inside the gate. Gauges
+//! and counters are *set* from the gate's own counts and tallies, never
+//! incremented or decremented: they cannot drift from
+//! [`Gate::snapshot`](crate::Gate::snapshot), and when two events' values
+//! race out of the gate the later event's values win, so the last value
+//! written is always the latest state. Handles are registered when the gate
+//! is built and when the engine reports new ranks, so install the recorder
+//! (exporter) before creating the [`Gate`](crate::Gate); events then touch
+//! pre-registered handles.
+//!
+//! A recorder that panics loses its own observation and nothing else: the
+//! gate's capacity, its waiters and the process are unaffected.
 //!
 //! One gate registers one set of series: two gates in one process need
 //! different prefixes, or they overwrite each other's gauges.
@@ -62,16 +68,14 @@
 //! queued requests. Without the `metrics` feature the gate never reads the
 //! clock.
 
-use std::sync::OnceLock;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use metrics::{Counter, Gauge, Histogram, Unit};
 
 use crate::config::{AdmissionConfig, Limits};
-use crate::gate::state::{Arrival, Grant, State};
-use crate::gate::{Stamp, Waiter};
-use crate::{Counts, RejectionScope};
+use crate::gate::observe::{BucketView, Configured, Observation, Observer, contain};
 
 /// The metric name prefix unless
 /// [`AdmissionConfig::metrics_prefix`](crate::AdmissionConfig::metrics_prefix)
@@ -204,12 +208,51 @@ struct BucketMetrics {
     cancelled: Counter,
     queue_wait: Histogram,
     engine_waiting_time: Histogram,
+    /// The latest events applied, so that observations racing each other
+    /// out of the gate leave the latest values behind.
+    applied: Mutex<Applied>,
+}
+
+#[derive(Default)]
+struct Applied {
+    counts: u64,
+    limits: u64,
 }
 
 impl BucketMetrics {
     /// Registers the series of one `dp_rank` value with the current
-    /// recorder.
+    /// recorder; should the recorder panic, the bucket records nothing.
     fn register(names: &Names, rank: Option<u32>) -> Self {
+        catch_unwind(AssertUnwindSafe(|| Self::try_register(names, rank))).unwrap_or_else(|_| {
+            tracing::warn!(
+                ?rank,
+                "the metrics recorder panicked registering the gate's series"
+            );
+            Self::noop()
+        })
+    }
+
+    fn noop() -> Self {
+        BucketMetrics {
+            engine_requests: Gauge::noop(),
+            engine_waiting: Gauge::noop(),
+            queued: Gauge::noop(),
+            engine_request_limit: Gauge::noop(),
+            engine_request_waiting_limit: Gauge::noop(),
+            request_queue_limit: Gauge::noop(),
+            received: Counter::noop(),
+            admitted_direct: Counter::noop(),
+            admitted_queue: Counter::noop(),
+            rejected_rank: Counter::noop(),
+            rejected_worker: Counter::noop(),
+            cancelled: Counter::noop(),
+            queue_wait: Histogram::noop(),
+            engine_waiting_time: Histogram::noop(),
+            applied: Mutex::default(),
+        }
+    }
+
+    fn try_register(names: &Names, rank: Option<u32>) -> Self {
         use metrics::{counter, gauge, histogram};
         let dp_rank = rank.map_or_else(|| UNSPECIFIED.to_owned(), |rank| rank.to_string());
         let gauge = |name: &String| gauge!(name.clone(), "dp_rank" => dp_rank.clone());
@@ -237,13 +280,35 @@ impl BucketMetrics {
             cancelled: counter(&names.cancellation_total),
             queue_wait: histogram(&names.request_queue_wait_seconds),
             engine_waiting_time: histogram(&names.engine_request_waiting_seconds),
+            applied: Mutex::default(),
         }
     }
 
-    fn set_counts(&self, counts: Counts) {
-        self.engine_requests.set(counts.engine_requests as f64);
-        self.engine_waiting.set(counts.engine_waiting as f64);
-        self.queued.set(counts.queued as f64);
+    /// Sets the gauges and counters from the bucket's counts and tally
+    /// after event `seq` (and the limit gauges, when given), unless a later
+    /// event was applied already. Counters are set, not incremented: they
+    /// are the gate's own tallies and cannot drift from its snapshot.
+    fn apply(&self, seq: u64, view: &BucketView, limits: Option<(Limits, usize)>) {
+        let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        if seq > applied.counts {
+            applied.counts = seq;
+            let (counts, tally) = (view.counts, view.tally);
+            self.engine_requests.set(counts.engine_requests as f64);
+            self.engine_waiting.set(counts.engine_waiting as f64);
+            self.queued.set(counts.queued as f64);
+            self.received.absolute(tally.received);
+            self.admitted_direct.absolute(tally.admitted_direct);
+            self.admitted_queue.absolute(tally.admitted_queue);
+            self.rejected_rank.absolute(tally.rejected_rank);
+            self.rejected_worker.absolute(tally.rejected_worker);
+            self.cancelled.absolute(tally.cancelled);
+        }
+        if let Some((limits, ranks)) = limits {
+            if seq > applied.limits {
+                applied.limits = seq;
+                self.set_limits(limits, ranks);
+            }
+        }
     }
 
     fn set_limits(&self, limits: Limits, ranks: usize) {
@@ -257,8 +322,9 @@ impl BucketMetrics {
     }
 }
 
-/// Records the gate's transitions. Every hook is called inside the gate's
-/// critical section, right after the event changed the state.
+/// Records the gate's transitions: the gate's observer when the `metrics`
+/// feature is on. It hears of each event after the gate's lock is released,
+/// in plain values, and never sees the gate's state.
 pub(crate) struct Recorder {
     names: Names,
     unranked: BucketMetrics,
@@ -274,13 +340,15 @@ impl std::fmt::Debug for Recorder {
     }
 }
 
-impl Recorder {
+impl Observer for Recorder {
+    const ENABLED: bool = true;
+
     /// Describes the families and registers the unranked series with the
     /// current recorder.
-    pub(crate) fn new(config: &AdmissionConfig) -> Self {
+    fn new(config: &AdmissionConfig) -> Self {
         let prefix = config.metrics_prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
         let names = Names::new(prefix);
-        names.describe();
+        contain(|| names.describe());
         Recorder {
             unranked: BucketMetrics::register(&names, None),
             names,
@@ -290,109 +358,50 @@ impl Recorder {
 
     /// The gate was built, or the engine reported its capacity: every
     /// gauge is set, new ranks are registered, vanished ranks zeroed.
-    pub(crate) fn on_configured(&self, state: &State<Waiter>) {
-        let limits = state.limits();
-        let ranks = state.recognised_ranks();
-        self.unranked.set_counts(state.unranked_counts());
+    fn configured(&self, configured: &Configured) {
+        let seq = configured.seq;
         // Before the first report the gate assumes one rank.
-        self.unranked.set_limits(limits, ranks.max(1));
-        for (rank, counts) in state.rank_counts().enumerate() {
-            let bucket = self.ranks.get_or_register(rank, || {
-                BucketMetrics::register(&self.names, Some(rank as u32))
-            });
-            bucket.set_counts(counts);
-            bucket.set_limits(limits, 1);
-        }
-        for rank in ranks..self.ranks.len() {
-            if let Some(bucket) = self.ranks.get(rank) {
-                bucket.set_counts(Counts::default());
-                bucket.set_limits(NO_LIMITS, 1);
-            }
-        }
-    }
-
-    /// A request for `rank` arrived and was admitted, queued or rejected.
-    pub(crate) fn on_arrival(&self, state: &State<Waiter>, rank: Option<u32>, arrival: &Arrival) {
-        let rank = state.recognised(rank);
-        let Some(bucket) = self.bucket(rank) else {
-            return;
-        };
-        bucket.received.increment(1);
-        match arrival {
-            Arrival::Admitted(_) => bucket.admitted_direct.increment(1),
-            Arrival::Queued(_) => {}
-            Arrival::Rejected(RejectionScope::Rank(_)) => bucket.rejected_rank.increment(1),
-            Arrival::Rejected(RejectionScope::Worker) => bucket.rejected_worker.increment(1),
-        }
-        if !matches!(arrival, Arrival::Rejected(_)) {
-            bucket.set_counts(state.counts_of(rank));
+        let combined = configured.ranks.max(1);
+        self.unranked.apply(
+            seq,
+            &configured.unranked,
+            Some((configured.limits, combined)),
+        );
+        for view in &configured.rank_buckets {
+            let rank = view.rank.unwrap_or_default() as usize;
+            let limits = if rank < configured.ranks {
+                configured.limits
+            } else {
+                NO_LIMITS
+            };
+            self.bucket(view.rank).apply(seq, view, Some((limits, 1)));
         }
     }
 
-    /// A queued request took up the admission it was offered at
-    /// `offered_at`. (Its counts moved when the offer was made.)
-    pub(crate) fn on_admitted_from_queue(
-        &self,
-        state: &State<Waiter>,
-        grant: &Grant,
-        queued_at: Stamp,
-        offered_at: Stamp,
-    ) {
-        if let Some(bucket) = self.bucket(state.grant_rank(grant)) {
-            bucket.admitted_queue.increment(1);
-            let waited = offered_at.at().saturating_duration_since(queued_at.at());
+    fn observe(&self, observation: &Observation) {
+        let bucket = self.bucket(observation.bucket.rank);
+        if let Some(waited) = observation.queue_wait {
             bucket.queue_wait.record(waited.as_secs_f64());
         }
-    }
-
-    /// A permit released capacity: its waiting ended after `waited` (if it
-    /// ended now), and perhaps its response.
-    pub(crate) fn on_release(
-        &self,
-        state: &State<Waiter>,
-        grant: &Grant,
-        waited: Option<Duration>,
-    ) {
-        let rank = state.grant_rank(grant);
-        if let Some(bucket) = self.bucket(rank) {
-            if let Some(waited) = waited {
-                bucket.engine_waiting_time.record(waited.as_secs_f64());
-            }
-            bucket.set_counts(state.counts_of(rank));
+        if let Some(waited) = observation.engine_waiting {
+            bucket.engine_waiting_time.record(waited.as_secs_f64());
         }
-        self.set_offered_counts(state);
-    }
-
-    /// A queued request of `rank` (as counted before the cancellation) was
-    /// cancelled.
-    pub(crate) fn on_cancelled(&self, state: &State<Waiter>, rank: Option<u32>) {
-        if let Some(bucket) = self.bucket(rank) {
-            bucket.cancelled.increment(1);
-            bucket.set_counts(state.counts_of(rank));
-        }
-        self.set_offered_counts(state);
-    }
-
-    /// Requests offered an admission during this event moved from a queue
-    /// to the engine: their buckets' gauges follow.
-    fn set_offered_counts(&self, state: &State<Waiter>) {
-        for rank in state.offered_ranks() {
-            if let Some(bucket) = self.bucket(rank) {
-                bucket.set_counts(state.counts_of(rank));
-            }
+        bucket.apply(observation.seq, &observation.bucket, None);
+        for view in &observation.offered {
+            self.bucket(view.rank).apply(observation.seq, view, None);
         }
     }
+}
 
-    fn bucket(&self, rank: Option<u32>) -> Option<&BucketMetrics> {
-        let bucket = match rank {
-            None => Some(&self.unranked),
-            Some(rank) => self.ranks.get(rank as usize),
-        };
-        debug_assert!(
-            bucket.is_some(),
-            "rank {rank:?} recognised but not registered"
-        );
-        bucket
+impl Recorder {
+    /// The handles of a bucket, registered on first use.
+    fn bucket(&self, rank: Option<u32>) -> &BucketMetrics {
+        match rank {
+            None => &self.unranked,
+            Some(rank) => self.ranks.get_or_register(rank as usize, || {
+                BucketMetrics::register(&self.names, Some(rank))
+            }),
+        }
     }
 }
 
@@ -430,6 +439,7 @@ impl RankTable {
         (chunk, index - (1 << chunk))
     }
 
+    #[cfg(test)]
     fn get(&self, rank: usize) -> Option<&BucketMetrics> {
         let (chunk, offset) = Self::position(rank);
         self.chunks.get(chunk)?.get()?.get(offset)?.get()

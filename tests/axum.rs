@@ -156,11 +156,7 @@ fn layer(gate: &Gate) -> AdmissionLayer<OpenAiSse, RankHeader> {
 }
 
 fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts {
-        engine_requests,
-        engine_waiting,
-        queued,
-    }
+    Counts::new(engine_requests, engine_waiting, queued)
 }
 
 fn unranked_gate(engine: usize, queue: usize) -> Gate {

@@ -797,17 +797,6 @@ struct RunFigures {
     end: Snapshot,
 }
 
-fn tally_since(now: Tally, before: Tally) -> Tally {
-    Tally {
-        received: now.received - before.received,
-        admitted_direct: now.admitted_direct - before.admitted_direct,
-        admitted_queue: now.admitted_queue - before.admitted_queue,
-        rejected_rank: now.rejected_rank - before.rejected_rank,
-        rejected_worker: now.rejected_worker - before.rejected_worker,
-        cancelled: now.cancelled - before.cancelled,
-    }
-}
-
 /// `requests` requests through `server` from a fresh pool of clients, the
 /// engine reporting capacities meanwhile; returns once every connection has
 /// ended, with the gate checked empty.
@@ -891,7 +880,7 @@ async fn run(gate: &Gate, server: &mut Server, requests: usize, seed: u64) -> Ru
     let figures = RunFigures {
         clients,
         reporter,
-        tally: tally_since(tally, before),
+        tally: tally.since(&before),
         handled: delta(0),
         panics_in_handler: delta(1),
         panics_mid_stream: delta(2),

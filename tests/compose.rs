@@ -46,11 +46,7 @@ fn gate(engine: usize, queue: usize) -> Gate {
 }
 
 fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts {
-        engine_requests,
-        engine_waiting,
-        queued,
-    }
+    Counts::new(engine_requests, engine_waiting, queued)
 }
 
 #[tokio::test(start_paused = true)]

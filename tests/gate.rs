@@ -59,11 +59,7 @@ fn admitted_from_queue(acquire: &mut Spawn<Acquire>) -> Permit {
 }
 
 fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts {
-        engine_requests,
-        engine_waiting,
-        queued,
-    }
+    Counts::new(engine_requests, engine_waiting, queued)
 }
 
 #[test]

@@ -41,11 +41,7 @@ const PATIENCE: Duration = Duration::from_secs(10);
 const RANKS: usize = 4;
 
 fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts {
-        engine_requests,
-        engine_waiting,
-        queued,
-    }
+    Counts::new(engine_requests, engine_waiting, queued)
 }
 
 /// Nothing held, and every request received ended in exactly one way.

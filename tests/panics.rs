@@ -46,11 +46,7 @@ fn gate() -> Gate {
 }
 
 fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts {
-        engine_requests,
-        engine_waiting,
-        queued,
-    }
+    Counts::new(engine_requests, engine_waiting, queued)
 }
 
 /// The gate holds nothing, every request is accounted for, and a new

@@ -165,11 +165,7 @@ async fn within<F: Future>(future: F) -> F::Output {
 }
 
 fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts {
-        engine_requests,
-        engine_waiting,
-        queued,
-    }
+    Counts::new(engine_requests, engine_waiting, queued)
 }
 
 fn grpc_layer(gate: Gate) -> AdmissionLayer<detect::Grpc> {

@@ -6,7 +6,7 @@
 use ::loom::future::block_on;
 use ::loom::thread;
 
-use super::*;
+use crate::{AdmissionConfig, AdmitSource, Counts, EngineCapacity, Gate};
 
 fn gate(requests: usize, waiting: usize, queue: usize) -> Gate {
     Gate::new(
@@ -99,5 +99,32 @@ fn concurrent_arrivals_never_exceed_the_limits() {
         let admitted_there = contender.join().unwrap();
         assert!(admitted_here || admitted_there);
         assert_empty(&gate);
+    });
+}
+
+#[test]
+fn a_capacity_report_racing_a_release_and_a_cancel_loses_nothing() {
+    ::loom::model(|| {
+        // Limits follow the engine: one sequence, so one admitted, two queued.
+        let gate = Gate::new(AdmissionConfig::new().capacity(EngineCapacity::new(1, 1)));
+        let holder = block_on(gate.acquire(None)).unwrap();
+        let cancelled = gate.acquire(None);
+        let next = gate.acquire(None);
+        assert!(cancelled.is_queued() && next.is_queued());
+        let releaser = thread::spawn(move || drop(holder));
+        let reporter = {
+            let gate = gate.clone();
+            thread::spawn(move || gate.report_capacity(EngineCapacity::new(2, 1)))
+        };
+        drop(cancelled);
+        // Whatever the order, `next` gets in: by the release or the growth.
+        let permit = block_on(next).unwrap();
+        releaser.join().unwrap();
+        reporter.join().unwrap();
+        assert!(gate.snapshot().total.engine_requests <= 2);
+        drop(permit);
+        assert_empty(&gate);
+        assert_eq!(gate.snapshot().tally.cancelled, 1);
+        assert_eq!(gate.limits().engine_request_limit, 2);
     });
 }

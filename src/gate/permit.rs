@@ -3,8 +3,9 @@
 use std::fmt;
 
 use super::Gate;
+use super::observe::Stamp;
 use super::state::Grant;
-use crate::AdmitSource;
+use super::types::AdmitSource;
 
 /// Engine capacity held by one admitted request.
 ///
@@ -18,34 +19,6 @@ pub struct Permit {
     grant: Grant,
     /// When the request was admitted, for the waiting-time histogram.
     admitted_at: Stamp,
-}
-
-/// An instant, for the metrics' histograms. Without the `metrics` feature
-/// it is empty and taking one does not read the clock.
-///
-/// It reads `quanta`'s clock (the CPU's invariant TSC where there is one,
-/// else the OS's monotonic clock): two reads per request are the largest
-/// cost metrics add to the gate's uncontended path, and the TSC is about
-/// three times cheaper than `std::time::Instant` here (see BENCHMARKS.md).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Stamp {
-    #[cfg(feature = "metrics")]
-    at: quanta::Instant,
-}
-
-impl Stamp {
-    pub(crate) fn now() -> Stamp {
-        Stamp {
-            #[cfg(feature = "metrics")]
-            at: quanta::Instant::now(),
-        }
-    }
-
-    /// The instant the stamp was taken.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn at(self) -> quanta::Instant {
-        self.at
-    }
 }
 
 impl Permit {

@@ -6,7 +6,7 @@
 //! [`Ticket`], or rejected with a [`RejectionScope`]. Queued requests that
 //! become admitted are *offered*: they hold their engine capacity from that
 //! moment, and the driver (the [`Gate`](crate::Gate)) learns of them through
-//! [`State::take_offered`] and wakes whoever waits on them.
+//! [`State::drain_offered`] and wakes whoever waits on them.
 //!
 //! # Accounting
 //!
@@ -37,11 +37,19 @@
 
 use slab::Slab;
 
+use super::observe::BucketView;
+use super::types::{AdmitSource, Counts, RejectionScope, Tally};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
-use crate::{AdmitSource, Counts, RejectionScope};
 
-/// Identifies a queued request while it waits.
-pub(crate) type Ticket = usize;
+/// Identifies a queued request while it waits: its slot in the entry slab
+/// and its arrival number. The arrival number is the slot's generation: a
+/// stale ticket (one whose request already left) never matches the request
+/// that reuses its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    slot: usize,
+    seq: u64,
+}
 
 /// Which capacity a request is counted in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,65 +127,25 @@ pub(crate) enum Arrival {
 
 /// The state of a queued request, as seen by its waiter.
 #[derive(Debug)]
-pub(crate) enum Polled {
-    /// Admitted from the queue; the ticket is spent.
-    Admitted(Grant),
-    /// Still queued.
-    Waiting,
+pub(crate) enum Polled<'a, T> {
+    /// Admitted from the queue; the ticket is spent and its payload given
+    /// back.
+    Admitted(Grant, T),
+    /// Still queued (or offered, when the offer has not been drained yet).
+    Waiting(&'a mut T),
+    /// The ticket is stale: its request already left the queue.
+    Stale,
 }
 
-/// How requests of one bucket have ended. Sums over buckets give the worker's
-/// totals. `received = admitted_direct + admitted_queue + rejected + cancelled
-/// + (queued or offered right now)`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Requests that arrived.
-    pub received: u64,
-    /// Requests admitted at arrival.
-    pub admitted_direct: u64,
-    /// Requests admitted from the queue.
-    pub admitted_queue: u64,
-    /// Requests rejected with [`RejectionScope::Rank`].
-    pub rejected_rank: u64,
-    /// Requests rejected with [`RejectionScope::Worker`].
-    pub rejected_worker: u64,
-    /// Requests cancelled while queued (including a cancellation that won a
-    /// race against an admission offer).
-    pub cancelled: u64,
-}
-
-impl Tally {
-    /// All admissions, from both sources.
-    pub fn admitted(&self) -> u64 {
-        self.admitted_direct + self.admitted_queue
-    }
-
-    /// All rejections, of both scopes.
-    pub fn rejected(&self) -> u64 {
-        self.rejected_rank + self.rejected_worker
-    }
-
-    /// Requests that have reached their end state.
-    pub fn settled(&self) -> u64 {
-        self.admitted() + self.rejected() + self.cancelled
-    }
-
-    fn add(&mut self, other: &Tally) {
-        self.received += other.received;
-        self.admitted_direct += other.admitted_direct;
-        self.admitted_queue += other.admitted_queue;
-        self.rejected_rank += other.rejected_rank;
-        self.rejected_worker += other.rejected_worker;
-        self.cancelled += other.cancelled;
-    }
-}
+/// A position in the entry slab; queues link entries by slot.
+type Slot = usize;
 
 /// A FIFO queue threaded through the entry slab: O(1) push, pop and unlink
 /// of any entry.
 #[derive(Debug, Default, Clone, Copy)]
 struct Fifo {
-    head: Option<Ticket>,
-    tail: Option<Ticket>,
+    head: Option<Slot>,
+    tail: Option<Slot>,
 }
 
 #[derive(Debug, Default)]
@@ -191,8 +159,8 @@ struct Bucket {
 #[derive(Debug)]
 enum Status {
     Queued {
-        prev: Option<Ticket>,
-        next: Option<Ticket>,
+        prev: Option<Slot>,
+        next: Option<Slot>,
     },
     Offered(Grant),
 }
@@ -222,8 +190,10 @@ pub(crate) struct State<T> {
     total: Counts,
     entries: Slab<Entry<T>>,
     next_seq: u64,
-    /// Tickets offered since the driver last looked.
-    offered: Vec<Ticket>,
+    /// Slots offered since the driver last looked.
+    offered: Vec<Slot>,
+    /// Events so far, to order observations.
+    events: u64,
 }
 
 impl<T> State<T> {
@@ -240,6 +210,7 @@ impl<T> State<T> {
             entries: Slab::new(),
             next_seq: 0,
             offered: Vec::new(),
+            events: 0,
         };
         if let Some(capacity) = capacity {
             state.report_capacity(capacity);
@@ -273,29 +244,36 @@ impl<T> State<T> {
     }
 
     /// The waiter of `ticket` looks at its request. An offered admission is
-    /// handed over (and counted as admitted) exactly once.
-    ///
-    /// `ticket` must be live: returned by `arrive` and neither cancelled nor
-    /// handed over yet.
-    pub(crate) fn poll(&mut self, ticket: Ticket) -> Polled {
-        if !matches!(self.entries[ticket].status, Status::Offered(_)) {
-            return Polled::Waiting;
+    /// handed over (and counted as admitted) exactly once, with the payload;
+    /// a request still waiting lends its payload (to store a waker).
+    pub(crate) fn poll(&mut self, ticket: Ticket) -> Polled<'_, T> {
+        let Some(entry) = self.live(ticket) else {
+            return Polled::Stale;
+        };
+        if !matches!(entry.status, Status::Offered(_)) {
+            return Polled::Waiting(&mut self.entries[ticket.slot].payload);
         }
-        let entry = self.entries.remove(ticket);
+        let entry = self.entries.remove(ticket.slot);
         self.shrink_if_idle();
         let Status::Offered(grant) = entry.status else {
             unreachable!("checked above")
         };
         self.bucket_of_held_mut(grant.held).tally.admitted_queue += 1;
-        Polled::Admitted(grant)
+        Polled::Admitted(grant, entry.payload)
     }
 
-    /// The request of a live `ticket` is cancelled. Still queued, it leaves
-    /// its queue; already offered, the cancellation wins: the offered
-    /// capacity is released and passes on to the next waiter. Either way the
-    /// request counts as cancelled.
-    pub(crate) fn cancel(&mut self, ticket: Ticket) {
-        let entry = self.entries.remove(ticket);
+    /// The request of `ticket` is cancelled. Still queued, it leaves its
+    /// queue; already offered, the cancellation wins: the offered capacity
+    /// is released and passes on to the next waiter. Either way the request
+    /// counts as cancelled. Returns the rank the request was counted under
+    /// (`None` when unranked), or `Err(())` for a stale ticket, which
+    /// changes nothing.
+    pub(crate) fn cancel(&mut self, ticket: Ticket) -> Result<Option<u32>, ()> {
+        if self.live(ticket).is_none() {
+            return Err(());
+        }
+        let rank = self.ticket_rank(ticket);
+        let entry = self.entries.remove(ticket.slot);
         match entry.status {
             Status::Queued { prev, next } => {
                 self.unlink(entry.bucket, prev, next);
@@ -309,6 +287,7 @@ impl<T> State<T> {
             }
         }
         self.shrink_if_idle();
+        Ok(rank)
     }
 
     /// The request produced its first generated token: its waiting capacity
@@ -357,22 +336,24 @@ impl<T> State<T> {
     // ----- observation --------------------------------------------------
 
     /// Visits the payload of every request offered an admission since the
-    /// last call, so the driver can wake its waiter.
-    pub(crate) fn drain_offered(&mut self, mut visit: impl FnMut(&mut T)) {
+    /// last call, with the rank it is counted under, so the driver can wake
+    /// its waiter.
+    pub(crate) fn drain_offered(&mut self, mut visit: impl FnMut(Option<u32>, &mut T)) {
         if self.offered.is_empty() {
             return;
         }
-        for ticket in self.offered.drain(..) {
+        let mut offered = std::mem::take(&mut self.offered);
+        for slot in offered.drain(..) {
             // An offered entry stays in the slab until polled or cancelled,
             // and neither can happen before the driver drains.
-            visit(&mut self.entries[ticket].payload);
+            let rank = self.label(self.held_bucket_of(slot));
+            visit(rank, &mut self.entries[slot].payload);
         }
         // A capacity jump can offer a whole queue at once; don't keep that
         // peak for ever.
         const KEEP: usize = 64;
-        if self.offered.capacity() > KEEP {
-            self.offered.shrink_to(KEEP);
-        }
+        offered.shrink_to(KEEP);
+        self.offered = offered;
     }
 
     /// Whether any request was offered an admission since the last drain.
@@ -381,37 +362,58 @@ impl<T> State<T> {
         !self.offered.is_empty()
     }
 
-    /// The rank a live ticket's request is counted under.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn ticket_rank(&self, ticket: Ticket) -> Option<u32> {
-        match &self.entries[ticket].status {
-            Status::Offered(grant) => self.grant_rank(grant),
-            Status::Queued { .. } => match self.entries[ticket].bucket {
-                BucketKey::Unranked => None,
-                BucketKey::Rank(rank) => Some(rank),
-            },
-        }
+    /// The rank a live ticket's request is counted under (`None` when
+    /// unranked, or once its rank vanished).
+    fn ticket_rank(&self, ticket: Ticket) -> Option<u32> {
+        self.label(self.held_bucket_of(ticket.slot))
     }
 
     /// The rank a grant's capacity is counted under now (`None` once its
     /// rank vanished, or when unranked).
-    #[cfg(feature = "metrics")]
     pub(crate) fn grant_rank(&self, grant: &Grant) -> Option<u32> {
-        match self.current_bucket(grant.held) {
-            BucketKey::Unranked => None,
-            BucketKey::Rank(rank) => Some(rank),
+        self.label(self.current_bucket(grant.held))
+    }
+
+    /// The rank requests for `rank` are counted under right now.
+    pub(crate) fn recognised(&self, rank: Option<u32>) -> Option<u32> {
+        self.label(self.recognise(rank))
+    }
+
+    /// Counts and tally of the bucket of a recognised rank (`None`: the
+    /// unranked requests), for observers.
+    pub(crate) fn view(&self, rank: Option<u32>) -> BucketView {
+        let bucket = match rank {
+            Some(rank) => &self.ranks[rank as usize],
+            None => &self.unranked,
+        };
+        BucketView {
+            rank,
+            counts: bucket.counts,
+            tally: bucket.tally,
         }
     }
 
-    /// Counts of the bucket requests for `rank` are counted under.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn counts_of(&self, rank: Option<u32>) -> Counts {
-        self.bucket(self.recognise(rank)).counts
+    /// Every bucket, for observers: the unranked one, then every rank ever
+    /// recognised (vanished ones included, with their tallies).
+    pub(crate) fn views(&self) -> (BucketView, Vec<BucketView>) {
+        let ranks = self
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, bucket)| BucketView {
+                rank: Some(rank as u32),
+                counts: bucket.counts,
+                tally: bucket.tally,
+            })
+            .collect();
+        (self.view(None), ranks)
     }
 
-    /// The payload of a live ticket.
-    pub(crate) fn payload_mut(&mut self, ticket: Ticket) -> &mut T {
-        &mut self.entries[ticket].payload
+    /// Numbers the event just applied, for observers: later events get
+    /// higher numbers.
+    pub(crate) fn next_event(&mut self) -> u64 {
+        self.events += 1;
+        self.events
     }
 
     pub(crate) fn limits(&self) -> Limits {
@@ -466,23 +468,31 @@ impl<T> State<T> {
         self.entries.len()
     }
 
-    /// The rank a request for `rank` is counted under right now.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn recognised(&self, rank: Option<u32>) -> Option<u32> {
-        match self.recognise(rank) {
+    // ----- internals ----------------------------------------------------
+
+    /// The entry of a ticket, unless the ticket is stale.
+    fn live(&self, ticket: Ticket) -> Option<&Entry<T>> {
+        self.entries
+            .get(ticket.slot)
+            .filter(|entry| entry.seq == ticket.seq)
+    }
+
+    fn label(&self, key: BucketKey) -> Option<u32> {
+        match key {
             BucketKey::Unranked => None,
             BucketKey::Rank(rank) => Some(rank),
         }
     }
 
-    /// The ranks of the requests offered an admission since the driver
-    /// last drained them, one per request.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn offered_ranks(&self) -> impl Iterator<Item = Option<u32>> + '_ {
-        self.offered.iter().map(|&ticket| self.ticket_rank(ticket))
+    /// The bucket a live entry is counted in: its queue's, or, once
+    /// offered, its grant's.
+    fn held_bucket_of(&self, slot: Slot) -> BucketKey {
+        let entry = &self.entries[slot];
+        match &entry.status {
+            Status::Queued { .. } => entry.bucket,
+            Status::Offered(grant) => self.current_bucket(grant.held),
+        }
     }
-
-    // ----- internals ----------------------------------------------------
 
     fn recognise(&self, rank: Option<u32>) -> BucketKey {
         match rank {
@@ -645,38 +655,38 @@ impl<T> State<T> {
         let seq = self.next_seq;
         self.next_seq += 1;
         let prev = self.bucket(key).queue.tail;
-        let ticket = self.entries.insert(Entry {
+        let slot = self.entries.insert(Entry {
             seq,
             bucket: key,
             status: Status::Queued { prev, next: None },
             payload,
         });
         match prev {
-            Some(prev) => self.set_next(prev, Some(ticket)),
-            None => self.bucket_mut(key).queue.head = Some(ticket),
+            Some(prev) => self.set_next(prev, Some(slot)),
+            None => self.bucket_mut(key).queue.head = Some(slot),
         }
         let bucket = self.bucket_mut(key);
-        bucket.queue.tail = Some(ticket);
+        bucket.queue.tail = Some(slot);
         bucket.counts.queued += 1;
         self.total.queued += 1;
-        ticket
+        Ticket { slot, seq }
     }
 
-    fn set_next(&mut self, ticket: Ticket, to: Option<Ticket>) {
-        if let Status::Queued { next, .. } = &mut self.entries[ticket].status {
+    fn set_next(&mut self, slot: Slot, to: Option<Slot>) {
+        if let Status::Queued { next, .. } = &mut self.entries[slot].status {
             *next = to;
         }
     }
 
-    fn set_prev(&mut self, ticket: Ticket, to: Option<Ticket>) {
-        if let Status::Queued { prev, .. } = &mut self.entries[ticket].status {
+    fn set_prev(&mut self, slot: Slot, to: Option<Slot>) {
+        if let Status::Queued { prev, .. } = &mut self.entries[slot].status {
             *prev = to;
         }
     }
 
     /// Unlinks an entry (already taken out of the slab or about to change
     /// status) from its bucket's queue, given its neighbours.
-    fn unlink(&mut self, key: BucketKey, prev: Option<Ticket>, next: Option<Ticket>) {
+    fn unlink(&mut self, key: BucketKey, prev: Option<Slot>, next: Option<Slot>) {
         match prev {
             Some(prev) => self.set_next(prev, next),
             None => self.bucket_mut(key).queue.head = next,
@@ -699,7 +709,7 @@ impl<T> State<T> {
 
     fn dequeue_slow(&mut self) {
         while self.total.queued > 0 {
-            let mut oldest: Option<(u64, Ticket)> = None;
+            let mut oldest: Option<(u64, Slot)> = None;
             let heads = std::iter::once(BucketKey::Unranked)
                 .chain((0..self.recognised_ranks() as u32).map(BucketKey::Rank));
             for key in heads {
@@ -713,22 +723,22 @@ impl<T> State<T> {
                     oldest = Some((seq, head));
                 }
             }
-            let Some((_, ticket)) = oldest else { break };
-            self.offer(ticket);
+            let Some((_, slot)) = oldest else { break };
+            self.offer(slot);
         }
     }
 
-    fn offer(&mut self, ticket: Ticket) {
-        let key = self.entries[ticket].bucket;
-        let Status::Queued { prev, next } = self.entries[ticket].status else {
+    fn offer(&mut self, slot: Slot) {
+        let key = self.entries[slot].bucket;
+        let Status::Queued { prev, next } = self.entries[slot].status else {
             unreachable!("only queued entries are offered")
         };
         self.unlink(key, prev, next);
         self.bucket_mut(key).counts.queued -= 1;
         self.total.queued -= 1;
         let grant = self.charge(key, ONE_REQUEST, AdmitSource::Queue);
-        self.entries[ticket].status = Status::Offered(grant);
-        self.offered.push(ticket);
+        self.entries[slot].status = Status::Offered(grant);
+        self.offered.push(slot);
     }
 
     /// A rank vanished: capacity held on it and its queue move to the
@@ -744,20 +754,20 @@ impl<T> State<T> {
 
         // Collect both queues in order, then relink them merged.
         let mut moved = self.collect(queue);
-        for &ticket in &moved {
-            self.entries[ticket].bucket = BucketKey::Unranked;
+        for &slot in &moved {
+            self.entries[slot].bucket = BucketKey::Unranked;
         }
         if moved.is_empty() {
             return;
         }
         let mut merged = self.collect(self.unranked.queue);
         merged.append(&mut moved);
-        merged.sort_by_key(|&ticket| self.entries[ticket].seq);
+        merged.sort_by_key(|&slot| self.entries[slot].seq);
         self.unranked.queue = Fifo::default();
-        for (i, &ticket) in merged.iter().enumerate() {
+        for (i, &slot) in merged.iter().enumerate() {
             let prev = i.checked_sub(1).map(|i| merged[i]);
             let next = merged.get(i + 1).copied();
-            self.entries[ticket].status = Status::Queued { prev, next };
+            self.entries[slot].status = Status::Queued { prev, next };
         }
         self.unranked.queue = Fifo {
             head: merged.first().copied(),
@@ -765,17 +775,17 @@ impl<T> State<T> {
         };
     }
 
-    fn collect(&self, queue: Fifo) -> Vec<Ticket> {
-        let mut tickets = Vec::new();
+    fn collect(&self, queue: Fifo) -> Vec<Slot> {
+        let mut slots = Vec::new();
         let mut cursor = queue.head;
-        while let Some(ticket) = cursor {
-            tickets.push(ticket);
-            cursor = match self.entries[ticket].status {
+        while let Some(slot) = cursor {
+            slots.push(slot);
+            cursor = match self.entries[slot].status {
                 Status::Queued { next, .. } => next,
                 Status::Offered(_) => None,
             };
         }
-        tickets
+        slots
     }
 
     /// Gives back the slab's memory once nothing waits, so a burst of queued

@@ -283,7 +283,7 @@ impl Harness {
         loop {
             let expected = self.model.dequeue();
             let mut offered = Vec::new();
-            self.state.drain_offered(|&mut id| offered.push(id));
+            self.state.drain_offered(|_, &mut id| offered.push(id));
             assert_eq!(offered, expected, "offers differ");
             if offered.is_empty() {
                 return;
@@ -291,11 +291,11 @@ impl Harness {
             for id in offered {
                 let ticket = self.tickets[id].take().expect("offered while queued");
                 if std::mem::take(&mut self.cancel_next_offer) {
-                    self.state.cancel(ticket);
+                    self.state.cancel(ticket).expect("a live ticket");
                     self.model.finish(id);
                     self.model.tally.cancelled += 1;
                 } else {
-                    let Polled::Admitted(grant) = self.state.poll(ticket) else {
+                    let Polled::Admitted(grant, _) = self.state.poll(ticket) else {
                         panic!("an offered ticket polls as admitted");
                     };
                     self.model.tally.admitted_queue += 1;
@@ -319,7 +319,7 @@ impl Harness {
                         Decision::Admitted
                     }
                     Arrival::Queued(ticket) => {
-                        assert!(matches!(self.state.poll(ticket), Polled::Waiting));
+                        assert!(matches!(self.state.poll(ticket), Polled::Waiting(_)));
                         self.tickets[id] = Some(ticket);
                         Decision::Queued
                     }
@@ -353,7 +353,9 @@ impl Harness {
             Op::Cancel(n) => {
                 let queued = self.ids(|phase| phase == Phase::Queued);
                 if let Some(&id) = queued.get(n % queued.len().max(1)) {
-                    self.state.cancel(self.tickets[id].take().unwrap());
+                    let ticket = self.tickets[id].take().unwrap();
+                    let rank = self.state.cancel(ticket).expect("a live ticket");
+                    assert_eq!(rank, self.model.requests[id].bucket);
                     self.model.finish(id);
                     self.model.tally.cancelled += 1;
                 }
@@ -464,7 +466,7 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
     let mut order: Vec<usize> = (0..tickets.len()).collect();
     order.sort_by_key(|&i| (i * 7919) % tickets.len());
     for i in order {
-        state.cancel(tickets[i]);
+        state.cancel(tickets[i]).unwrap();
     }
     assert_eq!(state.total().queued, 0);
     assert!(state.entries.capacity() <= idle.max(64));
@@ -484,19 +486,52 @@ fn unlinking_from_the_middle_keeps_the_queue_order() {
             other => panic!("expected queued, got {other:?}"),
         })
         .collect();
-    state.cancel(tickets[2]);
-    state.cancel(tickets[4]);
-    state.cancel(tickets[0]);
+    for i in [2, 4, 0] {
+        state.cancel(tickets[i]).unwrap();
+    }
     let mut order = Vec::new();
     let mut remaining = vec![tickets[1], tickets[3]];
     state.finish(&mut holder);
     while !remaining.is_empty() {
-        state.drain_offered(|&mut id| order.push(id));
+        state.drain_offered(|_, &mut id| order.push(id));
         let ticket = remaining.remove(0);
-        let Polled::Admitted(mut grant) = state.poll(ticket) else {
+        let Polled::Admitted(mut grant, _) = state.poll(ticket) else {
             panic!("offered in order")
         };
         state.finish(&mut grant);
     }
     assert_eq!(order, vec![2, 4]);
+}
+
+#[test]
+fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
+    let mut state = State::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .request_queue_limit(2),
+    );
+    let Arrival::Admitted(mut a) = state.arrive(None, "a") else {
+        panic!("the first request is admitted")
+    };
+    let Arrival::Queued(b) = state.arrive(None, "b") else {
+        panic!("the second request waits")
+    };
+    state.finish(&mut a);
+    let Polled::Admitted(mut b_grant, _) = state.poll(b) else {
+        panic!("b was offered the freed capacity")
+    };
+    // c takes the slot b's entry had.
+    let Arrival::Queued(c) = state.arrive(None, "c") else {
+        panic!("the third request waits")
+    };
+    assert_eq!(c.slot, b.slot, "the slab reuses the slot");
+    assert!(state.cancel(b).is_err(), "b's ticket is spent");
+    assert!(matches!(state.poll(b), Polled::Stale));
+    assert_eq!(state.total().queued, 1, "c is still queued");
+    state.finish(&mut b_grant);
+    let Polled::Admitted(mut c_grant, "c") = state.poll(c) else {
+        panic!("c is admitted once b ends")
+    };
+    state.finish(&mut c_grant);
+    assert_eq!(state.tally().cancelled, 0);
 }

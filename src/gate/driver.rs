@@ -1,0 +1,404 @@
+//! [`Gate`] and [`Acquire`]: the driver that puts the sans-IO state machine
+//! behind one short critical section per event and turns its decisions into
+//! a future and an RAII handle.
+//!
+//! Every event takes the lock once, updates the state, collects the wakers
+//! of requests that became admitted and, when an observer wants them, the
+//! plain values of what changed; then it releases the lock, wakes, and
+//! observes. Capacity freed by an event is handed to the oldest waiter that
+//! fits *inside* that critical section, so a newcomer can never slip in
+//! between the release and the wake-up.
+//!
+//! No user code runs under the lock: not a waker (woken after it), not a
+//! metrics recorder (observed after it, and contained: see
+//! [`contain`](super::observe::contain)). The sections themselves do not
+//! panic, so the lock is never poisoned by the gate's own code.
+
+use std::fmt;
+use std::future::Future;
+use std::mem;
+use std::pin::Pin;
+use std::sync::PoisonError;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+// Model-checked under `--cfg loom` (see `loom_tests.rs`).
+#[cfg(loom)]
+use ::loom::sync::{Arc, Mutex, MutexGuard};
+#[cfg(not(loom))]
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::observe::{BucketView, Configured, Observation, Observer, Stamp, contain};
+use super::permit::Permit;
+use super::state::{Arrival, Grant, Polled, State, Ticket};
+use super::types::{Overloaded, Snapshot};
+use crate::DefaultObserver;
+use crate::config::{AdmissionConfig, EngineCapacity, Limits};
+
+/// The admission gate of one worker. Cheap to clone: clones share one state.
+///
+/// Create it once per worker and hand clones to every endpoint; never create
+/// it inside `Layer::layer` (axum applies a layer per route).
+///
+/// ```
+/// use tower_admission::{AdmissionConfig, Gate};
+///
+/// # futures::executor::block_on(async {
+/// let gate = Gate::new(AdmissionConfig::new().engine_request_limit(1).request_queue_limit(0));
+/// let mut permit = gate.acquire(None).await.expect("room for one");
+/// assert!(gate.acquire(None).await.is_err()); // full, and no queue
+/// permit.first_token(); // waiting capacity is free; request capacity is held
+/// drop(permit); // the response ended
+/// assert!(gate.acquire(None).await.is_ok());
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State<Waiter>>,
+    observer: DefaultObserver,
+}
+
+/// What the gate keeps for each queued request.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    waker: Option<Waker>,
+    queued_at: Stamp,
+    /// When the request was offered an admission (its arrival until then):
+    /// its time in the queue ends and its engine waiting time begins.
+    offered_at: Stamp,
+}
+
+/// Whom an event concerned, for its observation.
+enum Concerned {
+    /// The bucket of this rank (`None`: the unranked requests), with the
+    /// durations the event measured.
+    Bucket {
+        rank: Option<u32>,
+        queue_wait: Option<Duration>,
+        engine_waiting: Option<Duration>,
+    },
+    /// Every bucket and the limits: the configuration changed.
+    Everything,
+}
+
+/// What an event hands to the observer after the lock.
+enum Notice {
+    Event(Observation),
+    Configured(Configured),
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("snapshot", &self.snapshot())
+            .finish()
+    }
+}
+
+impl Gate {
+    /// A gate with `config`.
+    pub fn new(config: AdmissionConfig) -> Gate {
+        // The clock calibrates on first use; pay for it here rather than in
+        // the first request's path.
+        let _ = Stamp::now();
+        let observer = DefaultObserver::new(&config);
+        let gate = Gate {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::new(config)),
+                observer,
+            }),
+        };
+        gate.end_event(gate.lock(), Concerned::Everything);
+        gate
+    }
+
+    /// Decides, now, what happens to a request for `rank`: admitted,
+    /// queued, or rejected. The returned future resolves at once unless the
+    /// request was queued; dropping it while queued cancels the request.
+    ///
+    /// A rank the engine has not reported (or any rank before the first
+    /// report) is treated as no rank: the request is unranked and draws on
+    /// the combined capacity of all ranks.
+    pub fn acquire(&self, rank: Option<u32>) -> Acquire {
+        // Read the clock (observers only) before taking the lock.
+        let now = Stamp::now();
+        let mut state = self.lock();
+        let waiter = Waiter {
+            waker: None,
+            queued_at: now,
+            offered_at: now,
+        };
+        let arrival = state.arrive(rank, waiter);
+        let concerned = Concerned::Bucket {
+            rank: state.recognised(rank),
+            queue_wait: None,
+            engine_waiting: None,
+        };
+        // An arrival offers nothing, so this only observes.
+        self.end_event(state, concerned);
+        let step = match arrival {
+            Arrival::Admitted(grant) => {
+                Step::Decided(Some(Ok(Permit::new(self.clone(), grant, now))))
+            }
+            Arrival::Queued(ticket) => Step::Queued {
+                gate: self.clone(),
+                ticket,
+            },
+            Arrival::Rejected(scope) => Step::Decided(Some(Err(Overloaded { scope }))),
+        };
+        Acquire { step }
+    }
+
+    /// The engine reports its capacity: defaults follow it, explicit
+    /// settings stay. Growth admits queued requests at once; shrinking never
+    /// revokes admitted work. A report of zero ranks or zero `max_num_seqs`
+    /// is ignored with a warning.
+    pub fn report_capacity(&self, capacity: EngineCapacity) {
+        let mut state = self.lock();
+        if state.report_capacity(capacity) {
+            self.end_event(state, Concerned::Everything);
+        }
+    }
+
+    /// Counts, limits and tallies at this instant.
+    pub fn snapshot(&self) -> Snapshot {
+        let state = self.lock();
+        Snapshot {
+            total: state.total(),
+            unranked: state.unranked_counts(),
+            ranks: state.rank_counts().collect(),
+            limits: state.limits(),
+            capacity: state.capacity(),
+            tally: state.tally(),
+            unranked_tally: state.unranked_tally(),
+            rank_tallies: state.rank_tallies().collect(),
+        }
+    }
+
+    /// The per-rank limits in force.
+    pub fn limits(&self) -> Limits {
+        self.lock().limits()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<Waiter>> {
+        // No user code runs under the lock and the state machine does not
+        // panic, so poisoning can only come from a bug; the state is still
+        // the best there is.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends a critical section: collects the wakers of the requests the
+    /// event admitted and what the observer should hear, releases the lock,
+    /// wakes, and observes.
+    fn end_event(&self, mut state: MutexGuard<'_, State<Waiter>>, concerned: Concerned) {
+        let mut wakers = Vec::new();
+        let mut offered_ranks: Vec<Option<u32>> = Vec::new();
+        if state.has_offers() {
+            let now = Stamp::now();
+            state.drain_offered(|rank, waiter| {
+                waiter.offered_at = now;
+                if let Some(waker) = waiter.waker.take() {
+                    wakers.push(waker);
+                }
+                if DefaultObserver::ENABLED && !offered_ranks.contains(&rank) {
+                    offered_ranks.push(rank);
+                }
+            });
+        }
+        let notice = DefaultObserver::ENABLED.then(|| notice(&mut state, concerned, offered_ranks));
+        drop(state);
+        // Every admitted waiter must hear of it: should one waker panic, the
+        // rest are still woken while the panic unwinds.
+        let mut pending = WakeOnDrop(wakers.into_iter());
+        for waker in &mut pending.0 {
+            waker.wake();
+        }
+        self.observe(notice);
+    }
+
+    fn observe(&self, notice: Option<Notice>) {
+        let observer = &self.inner.observer;
+        match notice {
+            Some(Notice::Event(observation)) => contain(|| observer.observe(&observation)),
+            Some(Notice::Configured(configured)) => contain(|| observer.configured(&configured)),
+            None => {}
+        }
+    }
+
+    pub(crate) fn release(&self, grant: &mut Grant, finished: bool, admitted_at: Stamp) {
+        // Read the clock (observers only) before taking the lock.
+        let engine_waiting = (DefaultObserver::ENABLED && grant.is_waiting())
+            .then(|| Stamp::now().since(admitted_at));
+        let mut state = self.lock();
+        if finished {
+            state.finish(grant);
+        } else {
+            state.first_token(grant);
+        }
+        let concerned = Concerned::Bucket {
+            rank: state.grant_rank(grant),
+            queue_wait: None,
+            engine_waiting,
+        };
+        self.end_event(state, concerned);
+    }
+}
+
+/// The plain values of what an event changed, read under the lock.
+fn notice(
+    state: &mut State<Waiter>,
+    concerned: Concerned,
+    offered_ranks: Vec<Option<u32>>,
+) -> Notice {
+    let seq = state.next_event();
+    match concerned {
+        Concerned::Bucket {
+            rank,
+            queue_wait,
+            engine_waiting,
+        } => Notice::Event(Observation {
+            seq,
+            bucket: state.view(rank),
+            offered: offered_ranks
+                .into_iter()
+                .filter(|&offered| offered != rank)
+                .map(|offered| state.view(offered))
+                .collect::<Vec<BucketView>>(),
+            queue_wait,
+            engine_waiting,
+        }),
+        Concerned::Everything => {
+            let (unranked, rank_buckets) = state.views();
+            Notice::Configured(Configured {
+                seq,
+                limits: state.limits(),
+                ranks: state.recognised_ranks(),
+                unranked,
+                rank_buckets,
+            })
+        }
+    }
+}
+
+/// Wakes whatever wakers are left when dropped.
+struct WakeOnDrop(std::vec::IntoIter<Waker>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        for waker in &mut self.0 {
+            waker.wake();
+        }
+    }
+}
+
+/// The decision on one request; resolves to a [`Permit`] once admitted.
+///
+/// The decision is taken when [`Gate::acquire`] is called, so arrival order
+/// is call order. Dropping an `Acquire` while its request is queued cancels
+/// the request and frees its queue place; if an admission was offered to it
+/// in the meantime, the cancellation still wins and the capacity passes on
+/// to the next waiter.
+#[must_use = "a queued request waits only while its Acquire is polled or held"]
+pub struct Acquire {
+    step: Step,
+}
+
+enum Step {
+    /// Admitted or rejected on arrival; taken by the first poll.
+    Decided(Option<Result<Permit, Overloaded>>),
+    /// Waiting in the gate's queue.
+    Queued { gate: Gate, ticket: Ticket },
+    /// Admitted from the queue and handed over.
+    Done,
+}
+
+impl Acquire {
+    /// Whether the request is waiting in the gate's queue.
+    pub fn is_queued(&self) -> bool {
+        matches!(self.step, Step::Queued { .. })
+    }
+}
+
+impl fmt::Debug for Acquire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let step = match &self.step {
+            Step::Decided(Some(Ok(_))) => "admitted",
+            Step::Decided(Some(Err(_))) => "rejected",
+            Step::Queued { .. } => "queued",
+            Step::Decided(None) | Step::Done => "done",
+        };
+        f.debug_struct("Acquire").field("step", &step).finish()
+    }
+}
+
+impl Future for Acquire {
+    type Output = Result<Permit, Overloaded>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let (grant, offered_at, notice) = match &mut this.step {
+            Step::Decided(decision) => {
+                return Poll::Ready(decision.take().expect("Acquire polled after completion"));
+            }
+            Step::Done => panic!("Acquire polled after completion"),
+            Step::Queued { gate, ticket } => {
+                let mut state = gate.lock();
+                match state.poll(*ticket) {
+                    Polled::Waiting(waiter) => {
+                        match &mut waiter.waker {
+                            Some(waker) if waker.will_wake(cx.waker()) => {}
+                            waker => *waker = Some(cx.waker().clone()),
+                        }
+                        return Poll::Pending;
+                    }
+                    Polled::Admitted(grant, waiter) => {
+                        // The counts moved when the admission was offered;
+                        // what is new is the tally and the queue wait.
+                        let concerned = Concerned::Bucket {
+                            rank: state.grant_rank(&grant),
+                            queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
+                            engine_waiting: None,
+                        };
+                        let notice = DefaultObserver::ENABLED
+                            .then(|| notice(&mut state, concerned, Vec::new()));
+                        (grant, waiter.offered_at, notice)
+                    }
+                    Polled::Stale => unreachable!("an Acquire holds its ticket until it is spent"),
+                }
+            }
+        };
+        // The ticket is spent: from here on nothing can reach it again.
+        let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
+            unreachable!("matched above")
+        };
+        let permit = Permit::new(gate, grant, offered_at);
+        permit.gate().observe(notice);
+        Poll::Ready(Ok(permit))
+    }
+}
+
+impl Drop for Acquire {
+    fn drop(&mut self) {
+        if let Step::Queued { gate, ticket } = &self.step {
+            let mut state = gate.lock();
+            // A stale ticket cannot happen (the ticket is spent only when
+            // the step becomes `Done`), but if it did it must not touch the
+            // request that reuses its slot.
+            if let Ok(rank) = state.cancel(*ticket) {
+                let concerned = Concerned::Bucket {
+                    rank,
+                    queue_wait: None,
+                    engine_waiting: None,
+                };
+                gate.end_event(state, concerned);
+            }
+        }
+    }
+}
