@@ -284,18 +284,24 @@ impl BucketMetrics {
         }
     }
 
-    /// Sets the gauges and counters from the bucket's counts and tally
-    /// after event `seq` (and the limit gauges, when given), unless a later
-    /// event was applied already. Counters are set, not incremented: they
-    /// are the gate's own tallies and cannot drift from its snapshot.
-    fn apply(&self, seq: u64, view: &BucketView, limits: Option<(Limits, usize)>) {
+    /// Sets the gauges from the bucket's counts after event `seq` (and the
+    /// limit gauges, when given), unless a later event was applied already,
+    /// and the counters from its tally when `tally` says it changed.
+    /// Counters are set, not incremented: they are the gate's own tallies
+    /// and cannot drift from its snapshot.
+    fn apply(&self, seq: u64, view: &BucketView, tally: bool, limits: Option<(Limits, usize)>) {
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
         if seq > applied.counts {
             applied.counts = seq;
-            let (counts, tally) = (view.counts, view.tally);
+            let counts = view.counts;
             self.engine_requests.set(counts.engine_requests as f64);
             self.engine_waiting.set(counts.engine_waiting as f64);
             self.queued.set(counts.queued as f64);
+        }
+        // Counters only grow, and are set from tallies that only grow: a
+        // late write of an older tally changes nothing.
+        if tally {
+            let tally = view.tally;
             self.received.absolute(tally.received);
             self.admitted_direct.absolute(tally.admitted_direct);
             self.admitted_queue.absolute(tally.admitted_queue);
@@ -365,6 +371,7 @@ impl Observer for Recorder {
         self.unranked.apply(
             seq,
             &configured.unranked,
+            true,
             Some((configured.limits, combined)),
         );
         for view in &configured.rank_buckets {
@@ -374,7 +381,8 @@ impl Observer for Recorder {
             } else {
                 NO_LIMITS
             };
-            self.bucket(view.rank).apply(seq, view, Some((limits, 1)));
+            self.bucket(view.rank)
+                .apply(seq, view, true, Some((limits, 1)));
         }
     }
 
@@ -386,9 +394,15 @@ impl Observer for Recorder {
         if let Some(waited) = observation.engine_waiting {
             bucket.engine_waiting_time.record(waited.as_secs_f64());
         }
-        bucket.apply(observation.seq, &observation.bucket, None);
+        bucket.apply(
+            observation.seq,
+            &observation.bucket,
+            observation.tally_changed,
+            None,
+        );
         for view in &observation.offered {
-            self.bucket(view.rank).apply(observation.seq, view, None);
+            self.bucket(view.rank)
+                .apply(observation.seq, view, false, None);
         }
     }
 }

@@ -28,7 +28,7 @@ use ::loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::observe::{BucketView, Configured, Observation, Observer, Stamp, contain};
+use super::observe::{Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
 use super::state::{Arrival, Grant, Polled, State, Ticket};
 use super::types::{Overloaded, Snapshot};
@@ -78,17 +78,14 @@ enum Concerned {
     /// durations the event measured.
     Bucket {
         rank: Option<u32>,
+        /// Whether the event changed the bucket's tally (an arrival, a
+        /// hand-over, a cancellation) or only its counts (a release).
+        tally_changed: bool,
         queue_wait: Option<Duration>,
         engine_waiting: Option<Duration>,
     },
     /// Every bucket and the limits: the configuration changed.
     Everything,
-}
-
-/// What an event hands to the observer after the lock.
-enum Notice {
-    Event(Observation),
-    Configured(Configured),
 }
 
 impl fmt::Debug for Gate {
@@ -135,6 +132,7 @@ impl Gate {
         let arrival = state.arrive(rank, waiter);
         let concerned = Concerned::Bucket {
             rank: state.recognised(rank),
+            tally_changed: true,
             queue_wait: None,
             engine_waiting: None,
         };
@@ -201,34 +199,55 @@ impl Gate {
         let mut wakers = Vec::new();
         let mut offered_ranks: Vec<Option<u32>> = Vec::new();
         if state.has_offers() {
-            let now = Stamp::now();
-            state.drain_offered(|rank, waiter| {
-                waiter.offered_at = now;
-                if let Some(waker) = waiter.waker.take() {
-                    wakers.push(waker);
-                }
-                if DefaultObserver::ENABLED && !offered_ranks.contains(&rank) {
-                    offered_ranks.push(rank);
-                }
-            });
+            take_offers(&mut state, &mut wakers, &mut offered_ranks);
         }
-        let notice = DefaultObserver::ENABLED.then(|| notice(&mut state, concerned, offered_ranks));
-        drop(state);
-        // Every admitted waiter must hear of it: should one waker panic, the
-        // rest are still woken while the panic unwinds.
-        let mut pending = WakeOnDrop(wakers.into_iter());
-        for waker in &mut pending.0 {
-            waker.wake();
+        if !DefaultObserver::ENABLED {
+            drop(state);
+            wake_all(wakers);
+            return;
         }
-        self.observe(notice);
-    }
-
-    fn observe(&self, notice: Option<Notice>) {
         let observer = &self.inner.observer;
-        match notice {
-            Some(Notice::Event(observation)) => contain(|| observer.observe(&observation)),
-            Some(Notice::Configured(configured)) => contain(|| observer.configured(&configured)),
-            None => {}
+        let seq = state.next_event();
+        match concerned {
+            Concerned::Bucket {
+                rank,
+                tally_changed,
+                queue_wait,
+                engine_waiting,
+            } => {
+                let observation = Observation {
+                    seq,
+                    bucket: state.view(rank),
+                    tally_changed,
+                    offered: if offered_ranks.is_empty() {
+                        Vec::new()
+                    } else {
+                        offered_ranks
+                            .into_iter()
+                            .filter(|&offered| offered != rank)
+                            .map(|offered| state.view(offered))
+                            .collect()
+                    },
+                    queue_wait,
+                    engine_waiting,
+                };
+                drop(state);
+                wake_all(wakers);
+                contain(|| observer.observe(&observation));
+            }
+            Concerned::Everything => {
+                let (unranked, rank_buckets) = state.views();
+                let configured = Configured {
+                    seq,
+                    limits: state.limits(),
+                    ranks: state.recognised_ranks(),
+                    unranked,
+                    rank_buckets,
+                };
+                drop(state);
+                wake_all(wakers);
+                contain(|| observer.configured(&configured));
+            }
         }
     }
 
@@ -244,6 +263,7 @@ impl Gate {
         }
         let concerned = Concerned::Bucket {
             rank: state.grant_rank(grant),
+            tally_changed: false,
             queue_wait: None,
             engine_waiting,
         };
@@ -251,39 +271,31 @@ impl Gate {
     }
 }
 
-/// The plain values of what an event changed, read under the lock.
-fn notice(
+/// Marks the requests an event admitted from the queue as offered now, and
+/// takes their wakers and (for the observer) their ranks.
+fn take_offers(
     state: &mut State<Waiter>,
-    concerned: Concerned,
-    offered_ranks: Vec<Option<u32>>,
-) -> Notice {
-    let seq = state.next_event();
-    match concerned {
-        Concerned::Bucket {
-            rank,
-            queue_wait,
-            engine_waiting,
-        } => Notice::Event(Observation {
-            seq,
-            bucket: state.view(rank),
-            offered: offered_ranks
-                .into_iter()
-                .filter(|&offered| offered != rank)
-                .map(|offered| state.view(offered))
-                .collect::<Vec<BucketView>>(),
-            queue_wait,
-            engine_waiting,
-        }),
-        Concerned::Everything => {
-            let (unranked, rank_buckets) = state.views();
-            Notice::Configured(Configured {
-                seq,
-                limits: state.limits(),
-                ranks: state.recognised_ranks(),
-                unranked,
-                rank_buckets,
-            })
+    wakers: &mut Vec<Waker>,
+    offered_ranks: &mut Vec<Option<u32>>,
+) {
+    let now = Stamp::now();
+    state.drain_offered(|rank, waiter| {
+        waiter.offered_at = now;
+        if let Some(waker) = waiter.waker.take() {
+            wakers.push(waker);
         }
+        if DefaultObserver::ENABLED && !offered_ranks.contains(&rank) {
+            offered_ranks.push(rank);
+        }
+    });
+}
+
+/// Wakes every waker; should one panic, the rest are still woken while
+/// the panic unwinds.
+fn wake_all(wakers: Vec<Waker>) {
+    let mut pending = WakeOnDrop(wakers.into_iter());
+    for waker in &mut pending.0 {
+        waker.wake();
     }
 }
 
@@ -343,7 +355,7 @@ impl Future for Acquire {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let (grant, offered_at, notice) = match &mut this.step {
+        let (grant, offered_at, observation) = match &mut this.step {
             Step::Decided(decision) => {
                 return Poll::Ready(decision.take().expect("Acquire polled after completion"));
             }
@@ -361,14 +373,18 @@ impl Future for Acquire {
                     Polled::Admitted(grant, waiter) => {
                         // The counts moved when the admission was offered;
                         // what is new is the tally and the queue wait.
-                        let concerned = Concerned::Bucket {
-                            rank: state.grant_rank(&grant),
-                            queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
-                            engine_waiting: None,
-                        };
-                        let notice = DefaultObserver::ENABLED
-                            .then(|| notice(&mut state, concerned, Vec::new()));
-                        (grant, waiter.offered_at, notice)
+                        let observation = DefaultObserver::ENABLED.then(|| {
+                            let rank = state.grant_rank(&grant);
+                            Observation {
+                                seq: state.next_event(),
+                                bucket: state.view(rank),
+                                tally_changed: true,
+                                offered: Vec::new(),
+                                queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
+                                engine_waiting: None,
+                            }
+                        });
+                        (grant, waiter.offered_at, observation)
                     }
                     Polled::Stale => unreachable!("an Acquire holds its ticket until it is spent"),
                 }
@@ -378,9 +394,11 @@ impl Future for Acquire {
         let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
             unreachable!("matched above")
         };
-        let permit = Permit::new(gate, grant, offered_at);
-        permit.gate().observe(notice);
-        Poll::Ready(Ok(permit))
+        if let Some(observation) = observation {
+            let observer = &gate.inner.observer;
+            contain(|| observer.observe(&observation));
+        }
+        Poll::Ready(Ok(Permit::new(gate, grant, offered_at)))
     }
 }
 
@@ -394,6 +412,7 @@ impl Drop for Acquire {
             if let Ok(rank) = state.cancel(*ticket) {
                 let concerned = Concerned::Bucket {
                     rank,
+                    tally_changed: true,
                     queue_wait: None,
                     engine_waiting: None,
                 };

@@ -33,6 +33,8 @@ pub(crate) struct Observation {
     pub(crate) seq: u64,
     /// The bucket the event concerned.
     pub(crate) bucket: BucketView,
+    /// Whether the event changed that bucket's tally, or only its counts.
+    pub(crate) tally_changed: bool,
     /// Other buckets whose queued requests the event admitted.
     pub(crate) offered: Vec<BucketView>,
     /// Time in the queue of a request the event handed its admission.
