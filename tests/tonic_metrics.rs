@@ -9,26 +9,26 @@
     feature = "metrics"
 ))]
 
+#[path = "support/exposition.rs"]
+mod exposition;
 mod support;
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use exposition::Exposition;
 use support::{Process, Server};
 
 /// Tokens that take the simulated engine far longer than the test: a call
 /// asking for them streams until its client is killed.
 const FOREVER: &str = "900000";
 
-/// One scrape: the status line, the content type, and every sample by
-/// name and sorted labels.
+/// One scrape: the status line, the content type, and the exposition.
 struct Scrape {
     status: String,
     content_type: String,
-    text: String,
-    samples: BTreeMap<(String, BTreeMap<String, String>), f64>,
+    metrics: Exposition,
 }
 
 impl Scrape {
@@ -64,45 +64,16 @@ impl Scrape {
         } else {
             body.to_owned()
         };
-        let mut samples = BTreeMap::new();
-        for line in body.lines() {
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            let (name, labels) = match series.split_once('{') {
-                Some((name, labels)) => (name, labels.strip_suffix('}').unwrap()),
-                None => (series, ""),
-            };
-            let labels = labels
-                .split(',')
-                .filter(|pair| !pair.is_empty())
-                .map(|pair| {
-                    let (key, value) = pair.split_once('=').unwrap();
-                    (key.to_owned(), value.trim_matches('"').to_owned())
-                })
-                .collect();
-            samples.insert((name.to_owned(), labels), value.parse().unwrap());
-        }
         Scrape {
             status,
             content_type,
-            text: body,
-            samples,
+            metrics: Exposition::parse(&body),
         }
     }
 
     #[track_caller]
     fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let labels = labels
-            .iter()
-            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let key = (name.to_owned(), labels);
-        *self
-            .samples
-            .get(&key)
-            .unwrap_or_else(|| panic!("no sample {key:?} in\n{}", self.text))
+        self.metrics.value(name, labels)
     }
 }
 
@@ -173,13 +144,14 @@ fn the_tonic_example_serves_the_gates_metrics_on_a_separate_port() {
         ("engine_request_limit", "gauge"),
         ("engine_request_waiting_limit", "gauge"),
         ("request_queue_limit", "gauge"),
+        ("request_queue_wait_seconds", "histogram"),
+        ("engine_request_waiting_seconds", "histogram"),
     ] {
-        assert!(
-            scrape
-                .text
-                .contains(&format!("# TYPE tonic_{suffix} {kind}\n")),
-            "tonic_{suffix} {kind}:\n{}",
-            scrape.text
+        assert_eq!(
+            scrape.metrics.types.get(&format!("tonic_{suffix}")),
+            Some(&kind.to_owned()),
+            "tonic_{suffix}:\n{}",
+            scrape.metrics.text
         );
     }
     let unranked = [("dp_rank", "unspecified")];
@@ -270,7 +242,7 @@ fn the_tonic_example_serves_the_gates_metrics_on_a_separate_port() {
         assert!(
             std::time::Instant::now() < deadline,
             "the held call never ended:\n{}",
-            scrape.text
+            scrape.metrics.text
         );
         // The poll interval; the condition above is what the test waits for.
         std::thread::sleep(Duration::from_millis(10));
