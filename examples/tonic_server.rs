@@ -73,6 +73,12 @@ use common::EngineArgs;
 const SERVICE: &str = "llm.Generator";
 const GENERATE: &str = "/llm.Generator/Generate";
 
+/// The gate's metric prefix unless `--metrics-prefix` says otherwise.
+#[cfg(feature = "metrics")]
+const DEFAULT_METRICS_PREFIX: &str = tower_admission::metrics::DEFAULT_PREFIX;
+#[cfg(not(feature = "metrics"))]
+const DEFAULT_METRICS_PREFIX: &str = "admission";
+
 /// Exit status of a client whose call the server rejected as overloaded.
 const EXIT_OVERLOADED: u8 = 3;
 
@@ -138,7 +144,7 @@ struct ServeArgs {
 
     /// Prefix of the gate's metric names (dynamo_backend_admission gives the
     /// source system's names)
-    #[arg(long, value_name = "PREFIX", default_value = "admission")]
+    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_METRICS_PREFIX)]
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     metrics_prefix: String,
 }
