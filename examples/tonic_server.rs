@@ -73,12 +73,6 @@ use common::EngineArgs;
 const SERVICE: &str = "llm.Generator";
 const GENERATE: &str = "/llm.Generator/Generate";
 
-/// The gate's metric prefix unless `--metrics-prefix` says otherwise.
-#[cfg(feature = "metrics")]
-const DEFAULT_METRICS_PREFIX: &str = tower_admission::metrics::DEFAULT_PREFIX;
-#[cfg(not(feature = "metrics"))]
-const DEFAULT_METRICS_PREFIX: &str = "admission";
-
 /// Exit status of a client whose call the server rejected as overloaded.
 const EXIT_OVERLOADED: u8 = 3;
 
@@ -144,8 +138,7 @@ struct ServeArgs {
 
     /// Prefix of the gate's metric names (dynamo_backend_admission gives the
     /// source system's names)
-    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_METRICS_PREFIX)]
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    #[arg(long, value_name = "PREFIX", default_value = exporter::DEFAULT_PREFIX)]
     metrics_prefix: String,
 }
 
@@ -294,7 +287,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for GeneratorServer {
 async fn serve(args: ServeArgs) -> ExitCode {
     // The recorder must be installed before the gate registers its series.
     let metrics = match args.metrics_listen {
-        Some(address) => match MetricsEndpoint::bind(address).await {
+        Some(address) => match exporter::MetricsEndpoint::bind(address).await {
             Ok(endpoint) => Some(endpoint),
             Err(error) => {
                 eprintln!("error: {error}");
@@ -313,9 +306,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let (layer, admission) = if args.no_admission {
         (None, "admission: off (--no-admission)".to_owned())
     } else {
-        let config = args.admission.resolve();
-        #[cfg(feature = "metrics")]
-        let config = config.metrics_prefix(&args.metrics_prefix);
+        let config = exporter::with_prefix(args.admission.resolve(), &args.metrics_prefix);
         let gate = Gate::new(config);
         engine.report_to(&gate);
         let limits = gate.limits();
@@ -344,7 +335,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     println!("{admission}");
     println!("service: {GENERATE} (server streaming)");
     if let Some(metrics) = metrics {
-        println!("metrics on http://{}/metrics", metrics.address);
+        println!("metrics on http://{}/metrics", metrics.address());
         tokio::spawn(metrics.serve());
     }
 
@@ -380,64 +371,74 @@ async fn serve(args: ServeArgs) -> ExitCode {
 }
 
 /// `GET /metrics` on its own address, outside the gRPC server and its
-/// gate.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-struct MetricsEndpoint {
-    listener: tokio::net::TcpListener,
-    address: SocketAddr,
-    #[cfg(feature = "metrics")]
-    handle: metrics_exporter_prometheus::PrometheusHandle,
-}
+/// gate, with the `metrics` feature.
+#[cfg(feature = "metrics")]
+mod exporter {
+    use std::net::SocketAddr;
+    use std::time::Duration;
 
-impl MetricsEndpoint {
-    /// Binds `address` and installs the Prometheus recorder (before the
-    /// gate is built, so that it registers its series there).
-    #[cfg(feature = "metrics")]
-    async fn bind(address: SocketAddr) -> Result<MetricsEndpoint, String> {
-        use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+    use tower_admission::AdmissionConfig;
 
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .map_err(|error| format!("cannot listen on {address} (--metrics-listen): {error}"))?;
-        let address = listener
-            .local_addr()
-            .map_err(|error| format!("no local address for --metrics-listen: {error}"))?;
-        // Histograms (not summaries) for the `_seconds` series, with the
-        // buckets of the OpenAI example.
-        let handle = PrometheusBuilder::new()
-            .set_buckets_for_metric(
-                Matcher::Suffix("_seconds".into()),
-                &[
-                    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                    60.0,
-                ],
-            )
-            .and_then(PrometheusBuilder::install_recorder)
-            .map_err(|error| format!("cannot install the Prometheus recorder: {error}"))?;
-        let upkeep = handle.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                every.tick().await;
-                upkeep.run_upkeep();
-            }
-        });
-        Ok(MetricsEndpoint {
-            listener,
-            address,
-            handle,
-        })
+    pub use tower_admission::metrics::DEFAULT_PREFIX;
+
+    /// The gate's metric names start with `prefix`.
+    pub fn with_prefix(config: AdmissionConfig, prefix: &str) -> AdmissionConfig {
+        config.metrics_prefix(prefix)
     }
 
-    #[cfg(not(feature = "metrics"))]
-    async fn bind(_address: SocketAddr) -> Result<MetricsEndpoint, String> {
-        Err("--metrics-listen needs the crate's `metrics` feature (on by default)".to_owned())
+    pub struct MetricsEndpoint {
+        listener: tokio::net::TcpListener,
+        address: SocketAddr,
+        handle: PrometheusHandle,
     }
 
-    /// Answers scrapes until the process ends.
-    async fn serve(self) {
-        #[cfg(feature = "metrics")]
-        {
+    impl MetricsEndpoint {
+        /// Binds `address` and installs the Prometheus recorder (before the
+        /// gate is built, so that it registers its series there).
+        pub async fn bind(address: SocketAddr) -> Result<MetricsEndpoint, String> {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|error| {
+                    format!("cannot listen on {address} (--metrics-listen): {error}")
+                })?;
+            let address = listener
+                .local_addr()
+                .map_err(|error| format!("no local address for --metrics-listen: {error}"))?;
+            // Histograms (not summaries) for the `_seconds` series, with the
+            // buckets of the OpenAI example.
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Suffix("_seconds".into()),
+                    &[
+                        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                        60.0,
+                    ],
+                )
+                .and_then(PrometheusBuilder::install_recorder)
+                .map_err(|error| format!("cannot install the Prometheus recorder: {error}"))?;
+            let upkeep = handle.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+            Ok(MetricsEndpoint {
+                listener,
+                address,
+                handle,
+            })
+        }
+
+        /// The address it listens on.
+        pub fn address(&self) -> SocketAddr {
+            self.address
+        }
+
+        /// Answers scrapes until the process ends.
+        pub async fn serve(self) {
             let handle = self.handle;
             let router = axum::Router::new().route(
                 "/metrics",
@@ -458,8 +459,38 @@ impl MetricsEndpoint {
                 eprintln!("error: the metrics endpoint failed: {error}");
             }
         }
-        #[cfg(not(feature = "metrics"))]
-        drop(self.listener);
+    }
+}
+
+/// Without the `metrics` feature the gate records nothing: the same API,
+/// refusing `--metrics-listen`.
+#[cfg(not(feature = "metrics"))]
+mod exporter {
+    use std::net::SocketAddr;
+
+    use tower_admission::AdmissionConfig;
+
+    pub const DEFAULT_PREFIX: &str = "admission";
+
+    pub fn with_prefix(config: AdmissionConfig, _prefix: &str) -> AdmissionConfig {
+        config
+    }
+
+    /// Never built.
+    pub enum MetricsEndpoint {}
+
+    impl MetricsEndpoint {
+        pub async fn bind(_address: SocketAddr) -> Result<MetricsEndpoint, String> {
+            Err("--metrics-listen needs the crate's `metrics` feature (on by default)".to_owned())
+        }
+
+        pub fn address(&self) -> SocketAddr {
+            match *self {}
+        }
+
+        pub async fn serve(self) {
+            match self {}
+        }
     }
 }
 
