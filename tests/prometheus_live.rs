@@ -861,10 +861,11 @@ async fn a_live_prometheus_runs_the_documented_promql_the_dashboard_and_the_aler
     let target = url.trim_start_matches("http://").to_owned();
     let (rules, _) = squeeze_durations(&read(&docs("prometheus/alerts.yml")), TIME_SQUEEZE);
     let prometheus = Prometheus::start(&tools, &target, &rules).await;
-    let now = unix_now;
     prometheus
         .wait_until("scraping the example server", || async {
-            let up = prometheus.query("up{job=\"openai_server\"}", now()).await;
+            let up = prometheus
+                .query("up{job=\"openai_server\"}", unix_now())
+                .await;
             up.first()
                 .is_some_and(|series| sample_value(&series["value"]) == 1.0)
         })
@@ -907,7 +908,7 @@ async fn a_live_prometheus_runs_the_documented_promql_the_dashboard_and_the_aler
     prometheus
         .wait_until("scraped past the window", || async {
             let stamp = prometheus
-                .query(&format!("timestamp({receive})"), now())
+                .query(&format!("timestamp({receive})"), unix_now())
                 .await;
             stamp
                 .first()
