@@ -794,6 +794,46 @@ fn the_documentation_promql_is_read_one_expression_at_a_time() {
 }
 
 #[test]
+fn the_dashboard_panels_use_the_data_source_variable_and_do_not_overlap() {
+    let dashboard: Value =
+        serde_json::from_str(&read(&docs("grafana/tower-admission.json"))).expect("dashboard JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut ids = std::collections::BTreeSet::new();
+    let mut cells = BTreeMap::new();
+    for panel in panels {
+        let title = panel["title"].as_str().expect("a title");
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("an id")),
+            "{title}: id reused"
+        );
+        let grid = &panel["gridPos"];
+        let [x, y, w, h] = ["x", "y", "w", "h"].map(|key| grid[key].as_u64().expect("gridPos"));
+        assert!(x + w <= 24, "{title}: wider than the dashboard");
+        for column in x..x + w {
+            for row in y..y + h {
+                if let Some(other) = cells.insert((column, row), title) {
+                    panic!("{title} overlaps {other}");
+                }
+            }
+        }
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert!(
+            !panel["description"].as_str().unwrap_or_default().is_empty(),
+            "{title}: say what it shows"
+        );
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title}: no query");
+        for source in std::iter::once(&panel["datasource"])
+            .chain(targets.iter().map(|target| &target["datasource"]))
+        {
+            assert_eq!(source["uid"], "${datasource}", "{title}");
+        }
+    }
+}
+
+#[test]
 fn promtool_checks_and_unit_tests_every_alert_rule() {
     let Some(tools) = tools("promtool_checks_and_unit_tests_every_alert_rule") else {
         return;
