@@ -24,8 +24,20 @@
 //! `UNAVAILABLE`, never an HTTP 529 that a gRPC client would read as
 //! `UNKNOWN`.
 //!
-//! `serve` prints `listening on http://ADDRESS` as its first line and stops
-//! on Ctrl-C or SIGTERM. `client` prints the tokens on stdout as they
+//! With `--metrics-listen ADDRESS`, `serve` also answers `GET /metrics`
+//! (Prometheus text: the gate's series, named with `--metrics-prefix`) on
+//! that separate address, outside the gRPC server and its gate: an
+//! overloaded worker still answers its scrapes. It needs the crate's
+//! `metrics` feature (on by default).
+//!
+//! ```text
+//! cargo run --example tonic_server --features sim,clap -- serve --metrics-listen 127.0.0.1:9100
+//! curl localhost:9100/metrics
+//! ```
+//!
+//! `serve` prints `listening on http://ADDRESS` as its first line (and,
+//! with `--metrics-listen`, `metrics on http://ADDRESS/metrics` after the
+//! banner) and stops on Ctrl-C or SIGTERM. `client` prints the tokens on stdout as they
 //! arrive and a summary on stderr; it exits with 3 when the server was
 //! overloaded, 1 on any other failure. With `--concurrent N` it sends N
 //! calls at once and prints one line per call.
@@ -118,6 +130,16 @@ struct ServeArgs {
     /// Serve without the gate, to compare
     #[arg(long)]
     no_admission: bool,
+
+    /// Also serve GET /metrics (Prometheus text) on this separate address;
+    /// port 0 picks a free port (printed after the banner)
+    #[arg(long, value_name = "ADDRESS")]
+    metrics_listen: Option<SocketAddr>,
+
+    /// Prefix of the gate's metric names (dynamo_backend_admission gives the
+    /// source system's names)
+    #[arg(long, value_name = "PREFIX", default_value = exporter::DEFAULT_PREFIX)]
+    metrics_prefix: String,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -263,6 +285,17 @@ impl tower::Service<http::Request<tonic::body::Body>> for GeneratorServer {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
+    // The recorder must be installed before the gate registers its series.
+    let metrics = match args.metrics_listen {
+        Some(address) => match exporter::MetricsEndpoint::bind(address).await {
+            Ok(endpoint) => Some(endpoint),
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
     let engine = args.engine.start();
     let rank = RankHeader::default();
     let service = GeneratorServer {
@@ -273,7 +306,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let (layer, admission) = if args.no_admission {
         (None, "admission: off (--no-admission)".to_owned())
     } else {
-        let gate = Gate::new(args.admission.resolve());
+        let config = exporter::with_prefix(args.admission.resolve(), &args.metrics_prefix);
+        let gate = Gate::new(config);
         engine.report_to(&gate);
         let limits = gate.limits();
         let layer = AdmissionLayer::new(gate)
@@ -300,6 +334,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
     println!("{}", args.engine.describe());
     println!("{admission}");
     println!("service: {GENERATE} (server streaming)");
+    if let Some(metrics) = metrics {
+        println!("metrics on http://{}/metrics", metrics.address());
+        tokio::spawn(metrics.serve());
+    }
 
     let incoming = TcpIncoming::from(listener);
     let served = common::serve_until_shutdown(shutdown, |signal| async move {
@@ -328,6 +366,130 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(error) => {
             eprintln!("error: the server failed: {error}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `GET /metrics` on its own address, outside the gRPC server and its
+/// gate, with the `metrics` feature.
+#[cfg(feature = "metrics")]
+mod exporter {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+    use tower_admission::AdmissionConfig;
+
+    pub use tower_admission::metrics::DEFAULT_PREFIX;
+
+    /// The gate's metric names start with `prefix`.
+    pub fn with_prefix(config: AdmissionConfig, prefix: &str) -> AdmissionConfig {
+        config.metrics_prefix(prefix)
+    }
+
+    pub struct MetricsEndpoint {
+        listener: tokio::net::TcpListener,
+        address: SocketAddr,
+        handle: PrometheusHandle,
+    }
+
+    impl MetricsEndpoint {
+        /// Binds `address` and installs the Prometheus recorder (before the
+        /// gate is built, so that it registers its series there).
+        pub async fn bind(address: SocketAddr) -> Result<MetricsEndpoint, String> {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|error| {
+                    format!("cannot listen on {address} (--metrics-listen): {error}")
+                })?;
+            let address = listener
+                .local_addr()
+                .map_err(|error| format!("no local address for --metrics-listen: {error}"))?;
+            // Histograms (not summaries) for the `_seconds` series, with the
+            // buckets of the OpenAI example.
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Suffix("_seconds".into()),
+                    &[
+                        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                        60.0,
+                    ],
+                )
+                .and_then(PrometheusBuilder::install_recorder)
+                .map_err(|error| format!("cannot install the Prometheus recorder: {error}"))?;
+            let upkeep = handle.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+            Ok(MetricsEndpoint {
+                listener,
+                address,
+                handle,
+            })
+        }
+
+        /// The address it listens on.
+        pub fn address(&self) -> SocketAddr {
+            self.address
+        }
+
+        /// Answers scrapes until the process ends.
+        pub async fn serve(self) {
+            let handle = self.handle;
+            let router = axum::Router::new().route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let text = handle.render();
+                    async move {
+                        (
+                            [(
+                                http::header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8",
+                            )],
+                            text,
+                        )
+                    }
+                }),
+            );
+            if let Err(error) = axum::serve(self.listener, router).await {
+                eprintln!("error: the metrics endpoint failed: {error}");
+            }
+        }
+    }
+}
+
+/// Without the `metrics` feature the gate records nothing: the same API,
+/// refusing `--metrics-listen`.
+#[cfg(not(feature = "metrics"))]
+mod exporter {
+    use std::net::SocketAddr;
+
+    use tower_admission::AdmissionConfig;
+
+    pub const DEFAULT_PREFIX: &str = "admission";
+
+    pub fn with_prefix(config: AdmissionConfig, _prefix: &str) -> AdmissionConfig {
+        config
+    }
+
+    /// Never built.
+    pub enum MetricsEndpoint {}
+
+    impl MetricsEndpoint {
+        pub async fn bind(_address: SocketAddr) -> Result<MetricsEndpoint, String> {
+            Err("--metrics-listen needs the crate's `metrics` feature (on by default)".to_owned())
+        }
+
+        pub fn address(&self) -> SocketAddr {
+            match *self {}
+        }
+
+        pub async fn serve(self) {
+            match self {}
         }
     }
 }

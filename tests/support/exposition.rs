@@ -1,0 +1,87 @@
+//! Prometheus text exposition, parsed: every sample by name and labels,
+//! and the `# TYPE` of every family. For the tests that scrape the example
+//! servers' `/metrics` (`#[path = "support/exposition.rs"] mod exposition;`).
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::collections::BTreeMap;
+
+/// A metric name and its labels, sorted.
+pub type Series = (String, BTreeMap<String, String>);
+
+/// One scrape, parsed.
+pub struct Exposition {
+    /// The text as served.
+    pub text: String,
+    /// `# TYPE` by family name.
+    pub types: BTreeMap<String, String>,
+    /// Every sample's value.
+    pub samples: BTreeMap<Series, f64>,
+}
+
+impl Exposition {
+    /// Parses the text format (version 0.0.4). Panics on a malformed line,
+    /// naming it.
+    pub fn parse(text: &str) -> Exposition {
+        let mut types = BTreeMap::new();
+        let mut samples = BTreeMap::new();
+        for line in text.lines().filter(|line| !line.is_empty()) {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest
+                    .split_once(' ')
+                    .unwrap_or_else(|| panic!("malformed TYPE line {line:?}"));
+                types.insert(name.to_owned(), kind.to_owned());
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            let (series, value) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("malformed sample line {line:?}"));
+            let (name, labels) = match series.split_once('{') {
+                Some((name, labels)) => (
+                    name,
+                    labels
+                        .strip_suffix('}')
+                        .unwrap_or_else(|| panic!("malformed labels in {line:?}")),
+                ),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| {
+                    let (key, value) = pair
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("malformed label in {line:?}"));
+                    (key.to_owned(), value.trim_matches('"').to_owned())
+                })
+                .collect();
+            let value = value
+                .parse()
+                .unwrap_or_else(|error| panic!("malformed value in {line:?}: {error}"));
+            samples.insert((name.to_owned(), labels), value);
+        }
+        Exposition {
+            text: text.to_owned(),
+            types,
+            samples,
+        }
+    }
+
+    /// The value of the sample `name{labels}`; panics, showing the text,
+    /// if there is none.
+    #[track_caller]
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let labels = labels
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let key = (name.to_owned(), labels);
+        *self
+            .samples
+            .get(&key)
+            .unwrap_or_else(|| panic!("no sample {key:?} in\n{}", self.text))
+    }
+}
