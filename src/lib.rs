@@ -87,7 +87,8 @@ pub use crate::config::{
 #[cfg(feature = "http")]
 pub use crate::detect::FirstTokenDetector;
 pub use crate::gate::{
-    Acquire, AdmitSource, Counts, Gate, Overloaded, Permit, RejectionScope, Snapshot, Tally,
+    Acquire, AdmitSource, Cost, Counts, Descriptor, Gate, Overloaded, Permit, RejectionScope,
+    Snapshot, Tally,
 };
 #[cfg(feature = "http")]
 pub use crate::http::{

@@ -24,6 +24,17 @@
 //! | `request_queue_wait_seconds` | histogram | | time in the gate's queue, of requests admitted from it |
 //! | `engine_request_waiting_seconds` | histogram | | admission to first token or completion: the W of Little's law |
 //!
+//! With a token limit set ([`AdmissionConfig::engine_waiting_token_limit`](crate::AdmissionConfig::engine_waiting_token_limit)
+//! and its siblings), six more gauges weigh the requests, per `dp_rank`;
+//! without one they do not exist:
+//!
+//! | suffix | meaning |
+//! |---|---|
+//! | `engine_token_count` | prompt plus maximum output tokens of admitted requests |
+//! | `engine_waiting_token_count` | prompt tokens of admitted requests without a first token yet |
+//! | `request_queue_token_count` | prompt tokens of queued requests |
+//! | `engine_token_limit`, `engine_waiting_token_limit`, `request_queue_token_limit` | the token limits that are set (combined for `unspecified`) |
+//!
 //! After settling, `request_receive_total` = `request_admit_total` (both
 //! sources) + `rejection_total` (both scopes) + `cancellation_total`, per
 //! `dp_rank` while the ranks do not change.
@@ -90,6 +101,9 @@ const NO_LIMITS: Limits = Limits {
     engine_request_limit: 0,
     engine_request_waiting_limit: 0,
     request_queue_limit: 0,
+    engine_waiting_token_limit: Some(0),
+    engine_token_limit: Some(0),
+    request_queue_token_limit: Some(0),
 };
 
 /// The full names of the metric families.
@@ -104,6 +118,12 @@ struct Names {
     engine_request_limit: String,
     engine_request_waiting_limit: String,
     request_queue_limit: String,
+    engine_token_count: String,
+    engine_waiting_token_count: String,
+    request_queue_token_count: String,
+    engine_token_limit: String,
+    engine_waiting_token_limit: String,
+    request_queue_token_limit: String,
     request_queue_wait_seconds: String,
     engine_request_waiting_seconds: String,
 }
@@ -122,6 +142,12 @@ impl Names {
             engine_request_limit: name("engine_request_limit"),
             engine_request_waiting_limit: name("engine_request_waiting_limit"),
             request_queue_limit: name("request_queue_limit"),
+            engine_token_count: name("engine_token_count"),
+            engine_waiting_token_count: name("engine_waiting_token_count"),
+            request_queue_token_count: name("request_queue_token_count"),
+            engine_token_limit: name("engine_token_limit"),
+            engine_waiting_token_limit: name("engine_waiting_token_limit"),
+            request_queue_token_limit: name("request_queue_token_limit"),
             request_queue_wait_seconds: name("request_queue_wait_seconds"),
             engine_request_waiting_seconds: name("engine_request_waiting_seconds"),
         }
@@ -192,6 +218,95 @@ impl Names {
     }
 }
 
+impl Names {
+    fn describe_tokens(&self) {
+        use metrics::describe_gauge;
+        let gauges = [
+            (
+                &self.engine_token_count,
+                "Prompt plus maximum output tokens of admitted requests whose response has not ended.",
+            ),
+            (
+                &self.engine_waiting_token_count,
+                "Prompt tokens of admitted requests without a first generated token or completion yet.",
+            ),
+            (
+                &self.request_queue_token_count,
+                "Prompt tokens of requests waiting in the gate's queue.",
+            ),
+            (
+                &self.engine_token_limit,
+                "Engine token limit per rank (combined capacity for dp_rank=unspecified).",
+            ),
+            (
+                &self.engine_waiting_token_limit,
+                "Engine waiting token limit per rank (combined capacity for dp_rank=unspecified).",
+            ),
+            (
+                &self.request_queue_token_limit,
+                "Request queue token limit per rank (combined capacity for dp_rank=unspecified).",
+            ),
+        ];
+        for (name, help) in gauges {
+            describe_gauge!(name.clone(), Unit::Count, help);
+        }
+    }
+}
+
+/// The token series of one bucket, registered only when a token limit is
+/// set (without one, requests are counted, not weighed).
+struct TokenMetrics {
+    engine_tokens: Gauge,
+    engine_waiting_tokens: Gauge,
+    queued_tokens: Gauge,
+    engine_token_limit: Gauge,
+    engine_waiting_token_limit: Gauge,
+    request_queue_token_limit: Gauge,
+}
+
+impl TokenMetrics {
+    fn register(names: &Names, limits: &Limits, dp_rank: &str) -> Self {
+        use metrics::gauge;
+        let gauge = |name: &String| gauge!(name.clone(), "dp_rank" => dp_rank.to_owned());
+        // A limit that is not set has no series: 0 would read as "nothing fits".
+        let limit = |set: Option<usize>, name: &String| match set {
+            Some(_) => gauge(name),
+            None => Gauge::noop(),
+        };
+        TokenMetrics {
+            engine_tokens: gauge(&names.engine_token_count),
+            engine_waiting_tokens: gauge(&names.engine_waiting_token_count),
+            queued_tokens: gauge(&names.request_queue_token_count),
+            engine_token_limit: limit(limits.engine_token_limit, &names.engine_token_limit),
+            engine_waiting_token_limit: limit(
+                limits.engine_waiting_token_limit,
+                &names.engine_waiting_token_limit,
+            ),
+            request_queue_token_limit: limit(
+                limits.request_queue_token_limit,
+                &names.request_queue_token_limit,
+            ),
+        }
+    }
+
+    fn set_counts(&self, counts: &crate::Counts) {
+        self.engine_tokens.set(counts.engine_tokens as f64);
+        self.engine_waiting_tokens
+            .set(counts.engine_waiting_tokens as f64);
+        self.queued_tokens.set(counts.queued_tokens as f64);
+    }
+
+    fn set_limits(&self, limits: &Limits, ranks: usize) {
+        let combined = |per_rank: Option<usize>| per_rank.unwrap_or(0).saturating_mul(ranks) as f64;
+        self.engine_token_limit
+            .set(combined(limits.engine_token_limit));
+        self.engine_waiting_token_limit
+            .set(combined(limits.engine_waiting_token_limit));
+        self.request_queue_token_limit
+            .set(combined(limits.request_queue_token_limit));
+    }
+}
+
 /// The handles of one bucket: a rank, or the unranked requests.
 struct BucketMetrics {
     engine_requests: Gauge,
@@ -208,6 +323,7 @@ struct BucketMetrics {
     cancelled: Counter,
     queue_wait: Histogram,
     engine_waiting_time: Histogram,
+    tokens: Option<TokenMetrics>,
     /// The latest events applied, so that observations racing each other
     /// out of the gate leave the latest values behind.
     applied: Mutex<Applied>,
@@ -222,8 +338,9 @@ struct Applied {
 impl BucketMetrics {
     /// Registers the series of one `dp_rank` value with the current
     /// recorder; should the recorder panic, the bucket records nothing.
-    fn register(names: &Names, rank: Option<u32>) -> Self {
-        catch_unwind(AssertUnwindSafe(|| Self::try_register(names, rank))).unwrap_or_else(|_| {
+    fn register(names: &Names, token_limits: Option<&Limits>, rank: Option<u32>) -> Self {
+        let register = || Self::try_register(names, token_limits, rank);
+        catch_unwind(AssertUnwindSafe(register)).unwrap_or_else(|_| {
             tracing::warn!(
                 ?rank,
                 "the metrics recorder panicked registering the gate's series"
@@ -248,11 +365,12 @@ impl BucketMetrics {
             cancelled: Counter::noop(),
             queue_wait: Histogram::noop(),
             engine_waiting_time: Histogram::noop(),
+            tokens: None,
             applied: Mutex::default(),
         }
     }
 
-    fn try_register(names: &Names, rank: Option<u32>) -> Self {
+    fn try_register(names: &Names, token_limits: Option<&Limits>, rank: Option<u32>) -> Self {
         use metrics::{counter, gauge, histogram};
         let dp_rank = rank.map_or_else(|| UNSPECIFIED.to_owned(), |rank| rank.to_string());
         let gauge = |name: &String| gauge!(name.clone(), "dp_rank" => dp_rank.clone());
@@ -280,6 +398,7 @@ impl BucketMetrics {
             cancelled: counter(&names.cancellation_total),
             queue_wait: histogram(&names.request_queue_wait_seconds),
             engine_waiting_time: histogram(&names.engine_request_waiting_seconds),
+            tokens: token_limits.map(|limits| TokenMetrics::register(names, limits, &dp_rank)),
             applied: Mutex::default(),
         }
     }
@@ -297,6 +416,9 @@ impl BucketMetrics {
             self.engine_requests.set(counts.engine_requests as f64);
             self.engine_waiting.set(counts.engine_waiting as f64);
             self.queued.set(counts.queued as f64);
+            if let Some(tokens) = &self.tokens {
+                tokens.set_counts(&counts);
+            }
         }
         // Counters only grow, and are set from tallies that only grow: a
         // late write of an older tally changes nothing.
@@ -325,6 +447,9 @@ impl BucketMetrics {
             .set(combined(limits.engine_request_waiting_limit));
         self.request_queue_limit
             .set(combined(limits.request_queue_limit));
+        if let Some(tokens) = &self.tokens {
+            tokens.set_limits(&limits, ranks);
+        }
     }
 }
 
@@ -333,6 +458,9 @@ impl BucketMetrics {
 /// in plain values, and never sees the gate's state.
 pub(crate) struct Recorder {
     names: Names,
+    /// The configured limits when a token limit is set: then every bucket
+    /// has token series too.
+    token_limits: Option<Limits>,
     unranked: BucketMetrics,
     ranks: RankTable,
 }
@@ -354,10 +482,21 @@ impl Observer for Recorder {
     fn new(config: &AdmissionConfig) -> Self {
         let prefix = config.metrics_prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
         let names = Names::new(prefix);
-        contain(|| names.describe());
+        let limits = config.limits_for(None);
+        let token_limits = (limits.engine_waiting_token_limit.is_some()
+            || limits.engine_token_limit.is_some()
+            || limits.request_queue_token_limit.is_some())
+        .then_some(limits);
+        contain(|| {
+            names.describe();
+            if token_limits.is_some() {
+                names.describe_tokens();
+            }
+        });
         Recorder {
-            unranked: BucketMetrics::register(&names, None),
+            unranked: BucketMetrics::register(&names, token_limits.as_ref(), None),
             names,
+            token_limits,
             ranks: RankTable::new(),
         }
     }
@@ -413,7 +552,7 @@ impl Recorder {
         match rank {
             None => &self.unranked,
             Some(rank) => self.ranks.get_or_register(rank as usize, || {
-                BucketMetrics::register(&self.names, Some(rank))
+                BucketMetrics::register(&self.names, self.token_limits.as_ref(), Some(rank))
             }),
         }
     }
@@ -498,7 +637,7 @@ mod tests {
         for rank in [0, 1, 2, 5, 2] {
             table.get_or_register(rank, || {
                 registered += 1;
-                BucketMetrics::register(&names, Some(rank as u32))
+                BucketMetrics::register(&names, None, Some(rank as u32))
             });
         }
         assert_eq!(registered, 4);

@@ -1,4 +1,6 @@
-//! Sizing the engine request waiting limit with Little's law.
+//! Sizing the engine request waiting limit with Little's law, and the
+//! engine waiting token limit from a time-to-first-token objective
+//! ([`token_budget`]).
 //!
 //! For the engine's waiting stage — from admission to the first generated
 //! token or completion — Little's law says `L = C × W`: the mean number of
@@ -163,6 +165,47 @@ impl Estimate {
         // `as` saturates; a limit of 0 would admit nothing.
         (limit as usize).max(1)
     }
+}
+
+/// The candidate engine waiting token limit of one rank: the prompt tokens
+/// the engine can prefill within the time-to-first-token objective,
+/// `objective × prefill tokens per second`, rounded down (and at least 1).
+///
+/// Prompts admitted beyond this budget would wait behind the ones already
+/// prefilling and miss the objective, however few requests they are: the
+/// article's 6,000 tokens/s × 0.3 s gives about 1,800 tokens.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_admission::sizing::token_budget;
+///
+/// assert_eq!(token_budget(Duration::from_millis(300), 6_000.0), 1_800);
+/// ```
+///
+/// Like [`Estimate::waiting_limit`] this rests on a mean: the prefill rate
+/// measured at steady load. It does not bound the time to first token of a
+/// request that arrives behind a burst, nor of one whose prompt alone is
+/// larger than the budget (it is admitted alone, and takes as long as it
+/// takes); validate the candidate under representative load and watch the
+/// latency percentiles.
+///
+/// # Panics
+///
+/// If `prefill_tokens_per_second` is not a positive finite number.
+pub fn token_budget(ttft_objective: Duration, prefill_tokens_per_second: f64) -> usize {
+    assert!(
+        prefill_tokens_per_second.is_finite() && prefill_tokens_per_second > 0.0,
+        "prefill rate must be a positive finite number of tokens per second, not {prefill_tokens_per_second}"
+    );
+    let tokens = ttft_objective.as_secs_f64() * prefill_tokens_per_second;
+    // Within a relative 1e-9 of an integer counts as that integer.
+    let nearest = tokens.round();
+    let tokens = if (tokens - nearest).abs() <= ROUNDING_TOLERANCE * nearest.max(1.0) {
+        nearest
+    } else {
+        tokens.floor()
+    };
+    (tokens as usize).max(1)
 }
 
 fn assert_positive_rate(admission_rate: f64) {
@@ -484,6 +527,21 @@ fn difference(later: &Tally, earlier: &Tally) -> Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_budget_is_the_prefill_the_objective_allows() {
+        assert_eq!(token_budget(Duration::from_millis(300), 6_000.0), 1_800);
+        // 0.7 s × 3,000 tokens/s is 2100.0000000000005 in f64, not 2101.
+        assert_eq!(token_budget(Duration::from_millis(700), 3_000.0), 2_100);
+        assert_eq!(token_budget(Duration::from_millis(250), 1_001.0), 250);
+        assert_eq!(token_budget(Duration::ZERO, 6_000.0), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "prefill rate must be a positive finite number")]
+    fn a_zero_prefill_rate_panics() {
+        let _ = token_budget(Duration::from_secs(1), 0.0);
+    }
 
     #[test]
     fn the_spec_example_gives_twelve() {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use tower_admission::{AdmissionConfig, EngineCapacity, Limits};
+use tower_admission::{AdmissionConfig, EngineCapacity};
 
 const REQUEST: &str = "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT";
 const REQUEST_ALIAS: &str = "DYN_ENGINE_REQUEST_LIMIT";
@@ -14,6 +14,9 @@ const WAITING: &str = "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT";
 const WAITING_ALIAS: &str = "DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT";
 const QUEUE: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT";
 const QUEUE_ALIAS: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
+const WAITING_TOKENS: &str = "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT";
+const ENGINE_TOKENS: &str = "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT";
+const QUEUE_TOKENS: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT";
 
 const TOO_LARGE: &str = "340282366920938463463374607431768211456"; // 2^128
 
@@ -255,14 +258,11 @@ fn each_setting_resolves_independently() {
     // An overridden engine limit does not change the queue default, which
     // still follows the engine.
     let config = AdmissionConfig::from_lookup(env(&[(REQUEST, "3")]));
-    assert_eq!(
-        config.limits_for(Some(EngineCapacity::new(64, 2))),
-        Limits {
-            engine_request_limit: 3,
-            engine_request_waiting_limit: 64,
-            request_queue_limit: 128,
-        }
-    );
+    let limits = config.limits_for(Some(EngineCapacity::new(64, 2)));
+    assert_eq!(limits.engine_request_limit, 3);
+    assert_eq!(limits.engine_request_waiting_limit, 64);
+    assert_eq!(limits.request_queue_limit, 128);
+    assert_eq!(limits.engine_waiting_token_limit, None);
 }
 
 #[test]
@@ -281,7 +281,19 @@ fn a_valid_canonical_value_means_the_alias_is_never_read() {
         vars(name)
     });
     assert_eq!(explicit(&config), [Some(7), Some(6), Some(0)]);
-    assert_eq!(*read.borrow(), [REQUEST, WAITING, WAITING_ALIAS, QUEUE]);
+    // Then the token limits' variables, which have no aliases.
+    assert_eq!(
+        *read.borrow(),
+        [
+            REQUEST,
+            WAITING,
+            WAITING_ALIAS,
+            QUEUE,
+            WAITING_TOKENS,
+            ENGINE_TOKENS,
+            QUEUE_TOKENS
+        ]
+    );
 }
 
 #[test]
@@ -386,6 +398,44 @@ fn valid_and_unset_values_log_nothing() {
     assert_eq!(logs, "");
 }
 
+#[test]
+fn token_limits_are_off_unless_set_and_read_from_their_variables() {
+    let config = AdmissionConfig::from_lookup(env(&[]));
+    let limits = config.limits_for(None);
+    assert_eq!(limits.engine_waiting_token_limit, None);
+    assert_eq!(limits.engine_token_limit, None);
+    assert_eq!(limits.request_queue_token_limit, None);
+
+    let config = AdmissionConfig::from_lookup(env(&[
+        (WAITING_TOKENS, " 1800 "),
+        (ENGINE_TOKENS, "64000"),
+        (QUEUE_TOKENS, "4000"),
+    ]));
+    let limits = config.limits_for(Some(EngineCapacity::new(64, 2)));
+    assert_eq!(limits.engine_waiting_token_limit, Some(1800));
+    assert_eq!(limits.engine_token_limit, Some(64000));
+    assert_eq!(limits.request_queue_token_limit, Some(4000));
+}
+
+#[test]
+fn an_invalid_token_limit_warns_naming_the_variable_and_stays_off() {
+    let logs = logs_of(|| {
+        let config = AdmissionConfig::from_lookup(env(&[(WAITING_TOKENS, "0")]));
+        assert_eq!(config.explicit_engine_waiting_token_limit(), None);
+    });
+    assert!(
+        logs.contains(WAITING_TOKENS) && logs.contains("\"0\""),
+        "{logs}"
+    );
+    assert!(logs.contains("positive integer"), "{logs}");
+}
+
+#[test]
+#[should_panic(expected = "invalid engine_waiting_token_limit: 0")]
+fn a_zero_token_limit_in_code_panics_naming_the_setting() {
+    let _ = AdmissionConfig::new().engine_waiting_token_limit(0);
+}
+
 #[cfg(feature = "clap")]
 mod cli {
     use clap::Parser;
@@ -442,7 +492,18 @@ mod cli {
             None
         });
         assert_eq!(explicit(&config), [None, Some(12), None]);
-        assert_eq!(*read.borrow(), [REQUEST, REQUEST_ALIAS, QUEUE, QUEUE_ALIAS]);
+        assert_eq!(
+            *read.borrow(),
+            [
+                REQUEST,
+                REQUEST_ALIAS,
+                QUEUE,
+                QUEUE_ALIAS,
+                WAITING_TOKENS,
+                ENGINE_TOKENS,
+                QUEUE_TOKENS
+            ]
+        );
     }
 
     #[test]
@@ -468,6 +529,17 @@ mod cli {
                 TOO_LARGE,
                 "too large",
             ),
+            (
+                &["--engine-waiting-token-limit", "0"],
+                "'0'",
+                "positive integer",
+            ),
+            (&["--engine-token-limit", "-5"], "'-5'", "negative"),
+            (
+                &["--request-queue-token-limit", "1e3"],
+                "'1e3'",
+                "not an integer",
+            ),
         ];
         for &(args, value, reason) in cases {
             let error = parse(args).expect_err(&format!("{args:?} must fail"));
@@ -485,6 +557,25 @@ mod cli {
     }
 
     #[test]
+    fn token_limit_flags_beat_their_variables() {
+        let worker = parse(&[
+            "--engine-waiting-token-limit",
+            "1000",
+            "--engine-token-limit",
+            "8000",
+            "--request-queue-token-limit",
+            "1800",
+        ])
+        .unwrap();
+        let config = worker
+            .admission
+            .resolve_with(env(&[(WAITING_TOKENS, "5"), (QUEUE_TOKENS, "7")]));
+        assert_eq!(config.explicit_engine_waiting_token_limit(), Some(1000));
+        assert_eq!(config.explicit_engine_token_limit(), Some(8000));
+        assert_eq!(config.explicit_request_queue_token_limit(), Some(1800));
+    }
+
+    #[test]
     fn zero_is_a_valid_queue_limit_flag() {
         let worker = parse(&["--request-queue-limit", "0"]).unwrap();
         assert_eq!(worker.admission.request_queue_limit, Some(0));
@@ -498,6 +589,10 @@ mod cli {
             "--engine-request-limit <N>",
             "--engine-request-waiting-limit <N>",
             "--request-queue-limit <N>",
+            "--engine-waiting-token-limit <N>",
+            "--engine-token-limit <N>",
+            "--request-queue-token-limit <N>",
+            WAITING_TOKENS,
             REQUEST,
             WAITING_ALIAS,
             QUEUE_ALIAS,

@@ -8,12 +8,15 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
+use futures::FutureExt;
 use futures::task::noop_waker_ref;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::registry::{AtomicStorage, Registry};
-use tower_admission::{Acquire, AdmissionConfig, Counts, EngineCapacity, Gate, Permit, Snapshot};
+use tower_admission::{
+    Acquire, AdmissionConfig, Cost, Counts, Descriptor, EngineCapacity, Gate, Permit, Snapshot,
+};
 
 // ----- helpers ------------------------------------------------------------
 
@@ -602,4 +605,49 @@ fn counters_add_up_after_a_mixed_run() {
         sum("engine_request_waiting_seconds", None),
         tally.admitted()
     );
+}
+
+// ----- tokens -------------------------------------------------------------
+
+#[test]
+fn token_series_exist_only_with_a_token_limit_and_follow_the_gate() {
+    let mirror = Mirror::new();
+    let _recorder = metrics::set_default_local_recorder(&mirror);
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_waiting_token_limit(1000)
+            .capacity(EngineCapacity::new(4, 2)),
+    );
+    // The limit that is set has a series per rank and the combined one;
+    // the two that are not set have none.
+    assert_eq!(mirror.gauge("engine_waiting_token_limit", "0"), 1000.0);
+    assert_eq!(
+        mirror.gauge("engine_waiting_token_limit", "unspecified"),
+        2000.0
+    );
+    let names: BTreeSet<String> = mirror.gauges().into_keys().map(|(name, _)| name).collect();
+    assert!(!names.contains("admission_engine_token_limit"), "{names:?}");
+    assert!(!names.contains("admission_request_queue_token_limit"));
+
+    let long = Descriptor::new()
+        .with_rank(Some(1))
+        .with_cost(Cost::new(800, Some(100)));
+    let mut running = gate.acquire_with(long).now_or_never().unwrap().unwrap();
+    let queued = gate.acquire_with(long);
+    assert!(queued.is_queued());
+    assert_eq!(mirror.gauge("engine_waiting_token_count", "1"), 800.0);
+    assert_eq!(mirror.gauge("engine_token_count", "1"), 900.0);
+    assert_eq!(mirror.gauge("request_queue_token_count", "1"), 800.0);
+    assert_eq!(mirror.gauge("engine_waiting_token_count", "0"), 0.0);
+    running.first_token();
+    assert_eq!(
+        mirror.gauge("engine_waiting_token_count", "1"),
+        800.0,
+        "the next one waits"
+    );
+    assert_eq!(mirror.gauge("engine_token_count", "1"), 1800.0);
+    assert_eq!(mirror.gauge("request_queue_token_count", "1"), 0.0);
+    drop((running, queued));
+    assert_eq!(mirror.gauge("engine_waiting_token_count", "1"), 0.0);
+    assert_eq!(mirror.gauge("engine_token_count", "1"), 0.0);
 }

@@ -1,4 +1,4 @@
-//! Command-line flags for the three settings (feature `clap`).
+//! Command-line flags for the admission settings (feature `clap`).
 
 use std::num::NonZeroUsize;
 
@@ -13,6 +13,12 @@ use super::env::{self, Overrides};
 /// | `--engine-request-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
 /// | `--engine-request-waiting-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
 /// | `--request-queue-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
+/// | `--engine-waiting-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT` |
+/// | `--engine-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
+/// | `--request-queue-token-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
+///
+/// The token limits are off unless set: requests are then counted, not
+/// weighed.
 ///
 /// An invalid flag value (zero, negative or non-numeric engine limits, a
 /// negative or non-numeric queue limit) fails parsing with an error naming
@@ -62,6 +68,24 @@ pub struct AdmissionArgs {
     /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT, DYN_DYNAMO_REQUEST_QUEUE_LIMIT]
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = queue_limit)]
     pub request_queue_limit: Option<usize>,
+
+    /// Prompt tokens per data-parallel rank of admitted requests without a
+    /// first token yet [default: off; env:
+    /// DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub engine_waiting_token_limit: Option<NonZeroUsize>,
+
+    /// Prompt plus maximum output tokens per data-parallel rank of admitted
+    /// requests whose response has not ended [default: off; env:
+    /// DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub engine_token_limit: Option<NonZeroUsize>,
+
+    /// Prompt tokens per data-parallel rank of requests waiting in the
+    /// gate's queue [default: off; env:
+    /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub request_queue_token_limit: Option<NonZeroUsize>,
 }
 
 impl AdmissionArgs {
@@ -79,6 +103,9 @@ impl AdmissionArgs {
             engine_request_limit: self.engine_request_limit.map(NonZeroUsize::get),
             engine_request_waiting_limit: self.engine_request_waiting_limit.map(NonZeroUsize::get),
             request_queue_limit: self.request_queue_limit,
+            engine_waiting_token_limit: self.engine_waiting_token_limit.map(NonZeroUsize::get),
+            engine_token_limit: self.engine_token_limit.map(NonZeroUsize::get),
+            request_queue_token_limit: self.request_queue_token_limit.map(NonZeroUsize::get),
         };
         env::resolve(overrides, &lookup)
     }

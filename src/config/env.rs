@@ -1,6 +1,7 @@
-//! Resolution of the three settings from environment variables (SPEC §5).
+//! Resolution of the settings from environment variables (SPEC §5, §7).
 //!
-//! Each setting has a canonical variable and an alias. Per setting, the
+//! Each setting has a canonical variable and, for the three request
+//! settings, an alias. Per setting, the
 //! first valid source wins: canonical, then alias, then the default (which
 //! follows the engine). A valid canonical value means the alias is never
 //! read. A value that is set but invalid logs a warning naming the variable
@@ -17,26 +18,44 @@ use super::AdmissionConfig;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Setting {
     pub(crate) canonical: &'static str,
-    pub(crate) alias: &'static str,
+    pub(crate) alias: Option<&'static str>,
     pub(crate) minimum: usize,
 }
 
 pub(crate) const ENGINE_REQUEST_LIMIT: Setting = Setting {
     canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
-    alias: "DYN_ENGINE_REQUEST_LIMIT",
+    alias: Some("DYN_ENGINE_REQUEST_LIMIT"),
     minimum: 1,
 };
 
 pub(crate) const ENGINE_REQUEST_WAITING_LIMIT: Setting = Setting {
     canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
-    alias: "DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT",
+    alias: Some("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT"),
     minimum: 1,
 };
 
 pub(crate) const REQUEST_QUEUE_LIMIT: Setting = Setting {
     canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
-    alias: "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
+    alias: Some("DYN_DYNAMO_REQUEST_QUEUE_LIMIT"),
     minimum: 0,
+};
+
+pub(crate) const ENGINE_WAITING_TOKEN_LIMIT: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT",
+    alias: None,
+    minimum: 1,
+};
+
+pub(crate) const ENGINE_TOKEN_LIMIT: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT",
+    alias: None,
+    minimum: 1,
+};
+
+pub(crate) const REQUEST_QUEUE_TOKEN_LIMIT: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT",
+    alias: None,
+    minimum: 1,
 };
 
 /// Values that take precedence over the environment (from the command
@@ -46,6 +65,9 @@ pub(crate) struct Overrides {
     pub(crate) engine_request_limit: Option<usize>,
     pub(crate) engine_request_waiting_limit: Option<usize>,
     pub(crate) request_queue_limit: Option<usize>,
+    pub(crate) engine_waiting_token_limit: Option<usize>,
+    pub(crate) engine_token_limit: Option<usize>,
+    pub(crate) request_queue_token_limit: Option<usize>,
 }
 
 /// Builds a configuration from `overrides`, then the variables `lookup`
@@ -73,6 +95,24 @@ pub(crate) fn resolve(
     if let Some(n) = request_queue_limit {
         config = config.request_queue_limit(n);
     }
+    let engine_waiting_token_limit = overrides
+        .engine_waiting_token_limit
+        .or_else(|| ENGINE_WAITING_TOKEN_LIMIT.lookup(lookup));
+    if let Some(n) = engine_waiting_token_limit {
+        config = config.engine_waiting_token_limit(n);
+    }
+    let engine_token_limit = overrides
+        .engine_token_limit
+        .or_else(|| ENGINE_TOKEN_LIMIT.lookup(lookup));
+    if let Some(n) = engine_token_limit {
+        config = config.engine_token_limit(n);
+    }
+    let request_queue_token_limit = overrides
+        .request_queue_token_limit
+        .or_else(|| REQUEST_QUEUE_TOKEN_LIMIT.lookup(lookup));
+    if let Some(n) = request_queue_token_limit {
+        config = config.request_queue_token_limit(n);
+    }
     config
 }
 
@@ -90,8 +130,12 @@ pub(crate) fn process_env(name: &str) -> Option<String> {
 impl Setting {
     /// The value of the first of the two variables that holds a valid one.
     fn lookup(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Option<usize> {
-        self.read(self.canonical, lookup, self.alias)
-            .or_else(|| self.read(self.alias, lookup, "the default"))
+        match self.alias {
+            Some(alias) => self
+                .read(self.canonical, lookup, alias)
+                .or_else(|| self.read(alias, lookup, "the default")),
+            None => self.read(self.canonical, lookup, "the default"),
+        }
     }
 
     /// The value of one variable, if it is set and valid; `next` names the

@@ -1,5 +1,5 @@
-//! Configuration of a gate: the three per-rank settings of SPEC §5 and the
-//! engine capacity their defaults follow.
+//! Configuration of a gate: the per-rank request limits, the optional token
+//! limits, and the engine capacity the request limits' defaults follow.
 //!
 //! Every setting is independent. An explicit setting (from the builder, the
 //! environment or the command line) is fixed for the life of the gate; a
@@ -86,6 +86,9 @@ pub struct AdmissionConfig {
     pub(crate) engine_request_limit: Option<NonZeroUsize>,
     pub(crate) engine_request_waiting_limit: Option<NonZeroUsize>,
     pub(crate) request_queue_limit: Option<usize>,
+    pub(crate) engine_waiting_token_limit: Option<NonZeroUsize>,
+    pub(crate) engine_token_limit: Option<NonZeroUsize>,
+    pub(crate) request_queue_token_limit: Option<NonZeroUsize>,
     pub(crate) capacity: Option<EngineCapacity>,
     #[cfg(feature = "metrics")]
     pub(crate) metrics_prefix: Option<String>,
@@ -100,6 +103,12 @@ impl fmt::Debug for AdmissionConfig {
                 &self.engine_request_waiting_limit,
             )
             .field("request_queue_limit", &self.request_queue_limit)
+            .field(
+                "engine_waiting_token_limit",
+                &self.engine_waiting_token_limit,
+            )
+            .field("engine_token_limit", &self.engine_token_limit)
+            .field("request_queue_token_limit", &self.request_queue_token_limit)
             .field("capacity", &self.capacity);
         #[cfg(feature = "metrics")]
         d.field("metrics_prefix", &self.metrics_prefix);
@@ -141,6 +150,49 @@ impl AdmissionConfig {
     /// that cannot enter the engine at once is rejected.
     pub fn request_queue_limit(mut self, n: usize) -> Self {
         self.request_queue_limit = Some(n);
+        self
+    }
+
+    /// Sets the engine waiting token limit per rank: prompt tokens of
+    /// admitted requests that have produced neither a first token nor a
+    /// completion. Off unless set. Size it as time-to-first-token objective
+    /// × prefill tokens per second ([`sizing::token_budget`](crate::sizing::token_budget)).
+    ///
+    /// A request whose prompt alone exceeds the limit is admitted when no
+    /// other waiting request holds prompt tokens: it runs alone rather than
+    /// being refused for its size.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    #[track_caller]
+    pub fn engine_waiting_token_limit(mut self, n: usize) -> Self {
+        self.engine_waiting_token_limit = Some(positive("engine_waiting_token_limit", n));
+        self
+    }
+
+    /// Sets the engine token limit per rank: prompt plus maximum output
+    /// tokens of admitted requests whose response has not ended (a stand-in
+    /// for the KV cache they may occupy). Off unless set.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    #[track_caller]
+    pub fn engine_token_limit(mut self, n: usize) -> Self {
+        self.engine_token_limit = Some(positive("engine_token_limit", n));
+        self
+    }
+
+    /// Sets the request queue token limit per rank: prompt tokens of
+    /// requests waiting in the gate's queue. Off unless set.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    #[track_caller]
+    pub fn request_queue_token_limit(mut self, n: usize) -> Self {
+        self.request_queue_token_limit = Some(positive("request_queue_token_limit", n));
         self
     }
 
@@ -225,6 +277,21 @@ impl AdmissionConfig {
         self.request_queue_limit
     }
 
+    /// The engine waiting token limit, if one was set.
+    pub fn explicit_engine_waiting_token_limit(&self) -> Option<usize> {
+        self.engine_waiting_token_limit.map(NonZeroUsize::get)
+    }
+
+    /// The engine token limit, if one was set.
+    pub fn explicit_engine_token_limit(&self) -> Option<usize> {
+        self.engine_token_limit.map(NonZeroUsize::get)
+    }
+
+    /// The request queue token limit, if one was set.
+    pub fn explicit_request_queue_token_limit(&self) -> Option<usize> {
+        self.request_queue_token_limit.map(NonZeroUsize::get)
+    }
+
     /// The per-rank limits this configuration gives for an engine capacity
     /// (or, with `None`, before the engine has reported).
     pub fn limits_for(&self, capacity: Option<EngineCapacity>) -> Limits {
@@ -237,6 +304,9 @@ impl AdmissionConfig {
             request_queue_limit: self
                 .request_queue_limit
                 .unwrap_or_else(|| seqs.saturating_mul(2)),
+            engine_waiting_token_limit: self.explicit_engine_waiting_token_limit(),
+            engine_token_limit: self.explicit_engine_token_limit(),
+            request_queue_token_limit: self.explicit_request_queue_token_limit(),
         }
     }
 }
@@ -245,13 +315,14 @@ impl AdmissionConfig {
 fn positive(setting: &str, n: usize) -> NonZeroUsize {
     match NonZeroUsize::new(n) {
         Some(n) => n,
-        None => panic!("invalid {setting}: 0 (an engine limit must be a positive integer)"),
+        None => panic!("invalid {setting}: 0 (the limit must be a positive integer)"),
     }
 }
 
 /// The effective limits of one data-parallel rank. The combined capacity of a
 /// worker is `ranks ×` each of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Admitted requests whose response has not ended.
     pub engine_request_limit: usize,
@@ -259,6 +330,15 @@ pub struct Limits {
     pub engine_request_waiting_limit: usize,
     /// Requests waiting in the gate's queue.
     pub request_queue_limit: usize,
+    /// Prompt tokens of admitted requests without a first token or
+    /// completion yet; `None`: not limited.
+    pub engine_waiting_token_limit: Option<usize>,
+    /// Prompt plus maximum output tokens of admitted requests whose response
+    /// has not ended; `None`: not limited.
+    pub engine_token_limit: Option<usize>,
+    /// Prompt tokens of requests waiting in the gate's queue; `None`: not
+    /// limited.
+    pub request_queue_token_limit: Option<usize>,
 }
 
 #[cfg(test)]
@@ -273,7 +353,10 @@ mod tests {
             Limits {
                 engine_request_limit: 10_000,
                 engine_request_waiting_limit: 10_000,
-                request_queue_limit: 20_000
+                request_queue_limit: 20_000,
+                engine_waiting_token_limit: None,
+                engine_token_limit: None,
+                request_queue_token_limit: None,
             }
         );
         assert_eq!(
@@ -281,7 +364,10 @@ mod tests {
             Limits {
                 engine_request_limit: 64,
                 engine_request_waiting_limit: 64,
-                request_queue_limit: 128
+                request_queue_limit: 128,
+                engine_waiting_token_limit: None,
+                engine_token_limit: None,
+                request_queue_token_limit: None,
             }
         );
     }

@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::observe::{Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
-use super::state::{Arrival, Grant, Polled, State, Ticket};
-use super::types::{Overloaded, Snapshot};
+use super::state::{Arrival, Demand, Grant, Polled, State, Ticket};
+use super::types::{Descriptor, Overloaded, Snapshot};
 use crate::DefaultObserver;
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
@@ -120,7 +120,32 @@ impl Gate {
     /// A rank the engine has not reported (or any rank before the first
     /// report) is treated as no rank: the request is unranked and draws on
     /// the combined capacity of all ranks.
+    ///
+    /// The shorthand of [`acquire_with`](Self::acquire_with) for a request
+    /// described by its rank alone.
     pub fn acquire(&self, rank: Option<u32>) -> Acquire {
+        self.acquire_with(Descriptor::new().with_rank(rank))
+    }
+
+    /// Decides, now, what happens to the request `descriptor` describes:
+    /// its rank as for [`acquire`](Self::acquire), its cost against the
+    /// token limits, if any are set.
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, Cost, Descriptor, Gate};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let gate = Gate::new(AdmissionConfig::new().engine_waiting_token_limit(1000));
+    /// let long = Descriptor::new().with_cost(Cost::prompt(800));
+    /// let first = gate.acquire_with(long).await.expect("admitted");
+    /// let second = gate.acquire_with(long);
+    /// assert!(second.is_queued()); // 1600 prompt tokens would be waiting
+    /// drop(first);
+    /// assert!(second.await.is_ok());
+    /// # });
+    /// ```
+    pub fn acquire_with(&self, descriptor: Descriptor) -> Acquire {
+        let rank = descriptor.rank;
         // Read the clock (observers only) before taking the lock.
         let now = Stamp::now();
         let mut state = self.lock();
@@ -129,7 +154,7 @@ impl Gate {
             queued_at: now,
             offered_at: now,
         };
-        let arrival = state.arrive(rank, waiter);
+        let arrival = state.arrive(rank, Demand::of(descriptor.cost), waiter);
         let concerned = Concerned::Bucket {
             rank: state.recognised(rank),
             tally_changed: true,

@@ -16,7 +16,9 @@ mod types;
 
 pub use self::driver::{Acquire, Gate};
 pub use self::permit::Permit;
-pub use self::types::{AdmitSource, Counts, Overloaded, RejectionScope, Snapshot, Tally};
+pub use self::types::{
+    AdmitSource, Cost, Counts, Descriptor, Overloaded, RejectionScope, Snapshot, Tally,
+};
 
 #[cfg(all(test, loom))]
 mod loom_tests;

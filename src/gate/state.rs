@@ -1,4 +1,5 @@
-//! The sans-IO admission state machine (SPEC §2, §3, §5 capacity changes).
+//! The sans-IO admission state machine (SPEC §2, §3, §5 capacity changes,
+//! §7 token budgets).
 //!
 //! `State` knows nothing of futures, locks, clocks or HTTP. It takes events —
 //! an arrival, a first token, the end of a response, a cancellation, a
@@ -30,15 +31,17 @@
 //!
 //! # Extension points
 //!
-//! Every request currently costs one engine request slot and one waiting
-//! slot ([`Demand`]); every queue is FIFO by arrival ([`Fifo`]). A later
-//! token budget extends `Demand` and the fit test; a queue ordered by class
-//! or deadline replaces `Fifo` behind the same `push`/`head`/`unlink` calls.
+//! Every request costs one engine request slot and one waiting slot, and
+//! its tokens where token limits are set ([`Demand`]); a token budget that
+//! holds nothing takes any request, so a request larger than a whole budget
+//! runs alone. Every queue is FIFO by arrival ([`Fifo`]); a queue ordered by
+//! class or deadline replaces `Fifo` behind the same `push`/`head`/`unlink`
+//! calls.
 
 use slab::Slab;
 
 use super::observe::BucketView;
-use super::types::{AdmitSource, Counts, RejectionScope, Tally};
+use super::types::{AdmitSource, Cost, Counts, RejectionScope, Tally};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
 /// Identifies a queued request while it waits: its slot in the entry slab
@@ -67,18 +70,37 @@ struct Held {
     generation: u32,
 }
 
-/// Engine capacity one request needs. One of each today; a token budget
-/// would add prompt tokens here.
-#[derive(Debug, Clone, Copy)]
-struct Demand {
-    engine_requests: usize,
-    engine_waiting: usize,
+/// What one request needs: one engine request slot and one waiting slot
+/// always, and its tokens where token limits are set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Demand {
+    /// Prompt tokens: held in the queue and, once admitted, until waiting
+    /// ends.
+    prompt_tokens: usize,
+    /// Prompt plus maximum output tokens: held from admission until the
+    /// response ends.
+    engine_tokens: usize,
 }
 
-const ONE_REQUEST: Demand = Demand {
-    engine_requests: 1,
-    engine_waiting: 1,
-};
+impl Demand {
+    pub(crate) fn of(cost: Cost) -> Demand {
+        Demand {
+            prompt_tokens: cost.prompt_tokens,
+            engine_tokens: cost.engine_tokens(),
+        }
+    }
+}
+
+/// Whether `cost` more tokens fit a budget of which `used` are taken. An
+/// empty budget takes anything: a request larger than the whole budget runs
+/// alone rather than never. A request of no tokens does not draw on the
+/// budget, so it is never held back by it.
+fn tokens_fit(used: usize, cost: usize, limit: Option<usize>) -> bool {
+    match limit {
+        None => true,
+        Some(limit) => cost == 0 || used == 0 || used.saturating_add(cost) <= limit,
+    }
+}
 
 /// Capacity held by one admitted request. Dropping a `Grant` without
 /// passing it to [`State::finish`] leaks its capacity: the driver wraps it in
@@ -86,6 +108,7 @@ const ONE_REQUEST: Demand = Demand {
 #[derive(Debug)]
 pub(crate) struct Grant {
     held: Held,
+    demand: Demand,
     rank: Option<u32>,
     source: AdmitSource,
     holds_request: bool,
@@ -170,6 +193,7 @@ struct Entry<T> {
     /// Arrival order across all queues; lower is older.
     seq: u64,
     bucket: BucketKey,
+    demand: Demand,
     status: Status,
     payload: T,
 }
@@ -221,18 +245,18 @@ impl<T> State<T> {
     // ----- events -------------------------------------------------------
 
     /// A request arrives, asking for `rank` (`None`, or a rank this worker
-    /// does not recognise, makes it unranked).
-    pub(crate) fn arrive(&mut self, rank: Option<u32>, payload: T) -> Arrival {
+    /// does not recognise, makes it unranked) and needing `demand`.
+    pub(crate) fn arrive(&mut self, rank: Option<u32>, demand: Demand, payload: T) -> Arrival {
         let bucket = self.recognise(rank);
         self.bucket_mut(bucket).tally.received += 1;
         let queue_empty = self.bucket(bucket).queue.head.is_none();
-        if queue_empty && self.engine_fits(bucket, ONE_REQUEST) {
-            let grant = self.charge(bucket, ONE_REQUEST, AdmitSource::Direct);
+        if queue_empty && self.engine_fits(bucket, demand) {
+            let grant = self.charge(bucket, demand, AdmitSource::Direct);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
             return Arrival::Admitted(grant);
         }
-        if self.queue_fits(bucket) {
-            return Arrival::Queued(self.enqueue(bucket, payload));
+        if self.queue_fits(bucket, demand) {
+            return Arrival::Queued(self.enqueue(bucket, demand, payload));
         }
         let scope = self.rejection_scope(bucket);
         let tally = &mut self.bucket_mut(bucket).tally;
@@ -277,9 +301,13 @@ impl<T> State<T> {
         match entry.status {
             Status::Queued { prev, next } => {
                 self.unlink(entry.bucket, prev, next);
-                self.bucket_mut(entry.bucket).counts.queued -= 1;
-                self.total.queued -= 1;
+                self.unqueue(entry.bucket, entry.demand);
                 self.bucket_mut(entry.bucket).tally.cancelled += 1;
+                // A queue head that leaves uncovers the next, which may be
+                // smaller and fit where the head did not.
+                if prev.is_none() {
+                    self.dequeue();
+                }
             }
             Status::Offered(mut grant) => {
                 self.bucket_of_held_mut(grant.held).tally.cancelled += 1;
@@ -553,45 +581,60 @@ impl<T> State<T> {
         self.bucket_mut(key)
     }
 
-    fn combined(&self, per_rank: usize) -> usize {
-        per_rank.saturating_mul(self.active_ranks)
-    }
-
+    /// Whether `demand` fits the engine limits of `key`'s rank (if ranked)
+    /// and the combined ones.
     fn engine_fits(&self, key: BucketKey, demand: Demand) -> bool {
         let limits = self.limits;
-        let fits = |counts: &Counts, requests: usize, waiting: usize| {
-            counts.engine_requests + demand.engine_requests <= requests
-                && counts.engine_waiting + demand.engine_waiting <= waiting
+        let fits = |counts: &Counts, ranks: usize| {
+            let combined = |per_rank: usize| per_rank.saturating_mul(ranks);
+            let tokens = |per_rank: Option<usize>| per_rank.map(combined);
+            counts.engine_requests < combined(limits.engine_request_limit)
+                && counts.engine_waiting < combined(limits.engine_request_waiting_limit)
+                && tokens_fit(
+                    counts.engine_waiting_tokens,
+                    demand.prompt_tokens,
+                    tokens(limits.engine_waiting_token_limit),
+                )
+                && tokens_fit(
+                    counts.engine_tokens,
+                    demand.engine_tokens,
+                    tokens(limits.engine_token_limit),
+                )
         };
-        let combined_fits = fits(
-            &self.total,
-            self.combined(limits.engine_request_limit),
-            self.combined(limits.engine_request_waiting_limit),
-        );
-        combined_fits
+        fits(&self.total, self.active_ranks)
             && match key {
                 BucketKey::Unranked => true,
-                BucketKey::Rank(_) => fits(
-                    &self.bucket(key).counts,
-                    limits.engine_request_limit,
-                    limits.engine_request_waiting_limit,
-                ),
+                BucketKey::Rank(_) => fits(&self.bucket(key).counts, 1),
             }
     }
 
-    fn queue_fits(&self, key: BucketKey) -> bool {
-        let limit = self.limits.request_queue_limit;
-        self.total.queued < self.combined(limit)
+    /// Whether `demand` fits the queue limits of `key`'s rank (if ranked)
+    /// and the combined ones.
+    fn queue_fits(&self, key: BucketKey, demand: Demand) -> bool {
+        let limits = self.limits;
+        let fits = |counts: &Counts, ranks: usize| {
+            counts.queued < limits.request_queue_limit.saturating_mul(ranks)
+                && tokens_fit(
+                    counts.queued_tokens,
+                    demand.prompt_tokens,
+                    limits
+                        .request_queue_token_limit
+                        .map(|per_rank| per_rank.saturating_mul(ranks)),
+                )
+        };
+        fits(&self.total, self.active_ranks)
             && match key {
                 BucketKey::Unranked => true,
-                BucketKey::Rank(_) => self.bucket(key).counts.queued < limit,
+                BucketKey::Rank(_) => fits(&self.bucket(key).counts, 1),
             }
     }
 
-    /// Could a request of this bucket be admitted or queued right now?
+    /// Could a request of this bucket (of no known cost) be admitted or
+    /// queued right now?
     fn accepts(&self, key: BucketKey) -> bool {
-        (self.bucket(key).queue.head.is_none() && self.engine_fits(key, ONE_REQUEST))
-            || self.queue_fits(key)
+        let plain = Demand::default();
+        (self.bucket(key).queue.head.is_none() && self.engine_fits(key, plain))
+            || self.queue_fits(key, plain)
     }
 
     /// A rejection names the rank while the worker could still admit or
@@ -615,8 +658,10 @@ impl<T> State<T> {
     /// Counts `demand` against `key` and returns the grant holding it.
     fn charge(&mut self, key: BucketKey, demand: Demand, source: AdmitSource) -> Grant {
         for counts in self.total_and(key) {
-            counts.engine_requests += demand.engine_requests;
-            counts.engine_waiting += demand.engine_waiting;
+            counts.engine_requests += 1;
+            counts.engine_waiting += 1;
+            counts.engine_tokens += demand.engine_tokens;
+            counts.engine_waiting_tokens += demand.prompt_tokens;
         }
         let (rank, generation) = match key {
             BucketKey::Unranked => (None, 0),
@@ -627,6 +672,7 @@ impl<T> State<T> {
                 bucket: key,
                 generation,
             },
+            demand,
             rank,
             source,
             holds_request: true,
@@ -644,20 +690,36 @@ impl<T> State<T> {
             return;
         }
         let key = self.current_bucket(grant.held);
+        let demand = grant.demand;
         for counts in self.total_and(key) {
-            counts.engine_waiting -= usize::from(waiting);
-            counts.engine_requests -= usize::from(request);
+            if waiting {
+                counts.engine_waiting -= 1;
+                counts.engine_waiting_tokens -= demand.prompt_tokens;
+            }
+            if request {
+                counts.engine_requests -= 1;
+                counts.engine_tokens -= demand.engine_tokens;
+            }
         }
         self.dequeue();
     }
 
-    fn enqueue(&mut self, key: BucketKey, payload: T) -> Ticket {
+    /// Takes a request of `demand` off `key`'s queue counts.
+    fn unqueue(&mut self, key: BucketKey, demand: Demand) {
+        for counts in self.total_and(key) {
+            counts.queued -= 1;
+            counts.queued_tokens -= demand.prompt_tokens;
+        }
+    }
+
+    fn enqueue(&mut self, key: BucketKey, demand: Demand, payload: T) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
         let prev = self.bucket(key).queue.tail;
         let slot = self.entries.insert(Entry {
             seq,
             bucket: key,
+            demand,
             status: Status::Queued { prev, next: None },
             payload,
         });
@@ -665,10 +727,11 @@ impl<T> State<T> {
             Some(prev) => self.set_next(prev, Some(slot)),
             None => self.bucket_mut(key).queue.head = Some(slot),
         }
-        let bucket = self.bucket_mut(key);
-        bucket.queue.tail = Some(slot);
-        bucket.counts.queued += 1;
-        self.total.queued += 1;
+        self.bucket_mut(key).queue.tail = Some(slot);
+        for counts in self.total_and(key) {
+            counts.queued += 1;
+            counts.queued_tokens += demand.prompt_tokens;
+        }
         Ticket { slot, seq }
     }
 
@@ -697,9 +760,9 @@ impl<T> State<T> {
         }
     }
 
-    /// Admits the oldest queued request that fits, while one does. Within a
-    /// queue every request needs the same capacity, so only queue heads can
-    /// be the oldest that fits.
+    /// Admits the oldest queue head that fits, while one does. Only heads
+    /// are admitted: a small request never overtakes a large one queued
+    /// before it in the same queue, so long prompts are never starved.
     #[inline]
     fn dequeue(&mut self) {
         if self.total.queued > 0 {
@@ -716,10 +779,8 @@ impl<T> State<T> {
                 let Some(head) = self.bucket(key).queue.head else {
                     continue;
                 };
-                let seq = self.entries[head].seq;
-                if oldest.is_none_or(|(oldest, _)| seq < oldest)
-                    && self.engine_fits(key, ONE_REQUEST)
-                {
+                let Entry { seq, demand, .. } = self.entries[head];
+                if oldest.is_none_or(|(oldest, _)| seq < oldest) && self.engine_fits(key, demand) {
                     oldest = Some((seq, head));
                 }
             }
@@ -734,9 +795,9 @@ impl<T> State<T> {
             unreachable!("only queued entries are offered")
         };
         self.unlink(key, prev, next);
-        self.bucket_mut(key).counts.queued -= 1;
-        self.total.queued -= 1;
-        let grant = self.charge(key, ONE_REQUEST, AdmitSource::Queue);
+        let demand = self.entries[slot].demand;
+        self.unqueue(key, demand);
+        let grant = self.charge(key, demand, AdmitSource::Queue);
         self.entries[slot].status = Status::Offered(grant);
         self.offered.push(slot);
     }
@@ -748,9 +809,7 @@ impl<T> State<T> {
         let counts = std::mem::take(&mut bucket.counts);
         let queue = std::mem::take(&mut bucket.queue);
         bucket.generation = bucket.generation.wrapping_add(1);
-        self.unranked.counts.engine_requests += counts.engine_requests;
-        self.unranked.counts.engine_waiting += counts.engine_waiting;
-        self.unranked.counts.queued += counts.queued;
+        self.unranked.counts.add(&counts);
 
         // Collect both queues in order, then relink them merged.
         let mut moved = self.collect(queue);

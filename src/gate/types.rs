@@ -90,21 +90,136 @@ pub struct Counts {
     pub engine_waiting: usize,
     /// Requests waiting in the gate's queue.
     pub queued: usize,
+    /// Prompt plus maximum output tokens of the admitted requests.
+    pub engine_tokens: usize,
+    /// Prompt tokens of the admitted requests without a first token or
+    /// completion yet.
+    pub engine_waiting_tokens: usize,
+    /// Prompt tokens of the requests waiting in the gate's queue.
+    pub queued_tokens: usize,
 }
 
 impl Counts {
-    /// Counts of `engine_requests`, `engine_waiting` and `queued` requests.
+    /// Counts of `engine_requests`, `engine_waiting` and `queued` requests,
+    /// with no tokens.
     pub const fn new(engine_requests: usize, engine_waiting: usize, queued: usize) -> Self {
         Counts {
             engine_requests,
             engine_waiting,
             queued,
+            engine_tokens: 0,
+            engine_waiting_tokens: 0,
+            queued_tokens: 0,
         }
+    }
+
+    /// The same counts with these token counts: `engine_tokens`,
+    /// `engine_waiting_tokens`, `queued_tokens`.
+    pub const fn with_tokens(
+        mut self,
+        engine_tokens: usize,
+        engine_waiting_tokens: usize,
+        queued_tokens: usize,
+    ) -> Self {
+        self.engine_tokens = engine_tokens;
+        self.engine_waiting_tokens = engine_waiting_tokens;
+        self.queued_tokens = queued_tokens;
+        self
+    }
+
+    pub(crate) fn add(&mut self, other: &Counts) {
+        self.engine_requests += other.engine_requests;
+        self.engine_waiting += other.engine_waiting;
+        self.queued += other.queued;
+        self.engine_tokens += other.engine_tokens;
+        self.engine_waiting_tokens += other.engine_waiting_tokens;
+        self.queued_tokens += other.queued_tokens;
     }
 
     /// Whether nothing is admitted or queued.
     pub fn is_idle(&self) -> bool {
         *self == Counts::default()
+    }
+}
+
+/// What a request costs the engine, in tokens: its prompt and, when known,
+/// the most it may generate. The gate weighs requests by it only where a
+/// token limit is set; a request of unknown cost counts 0 tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Cost {
+    /// Prompt tokens: the prefill work, and the KV cache taken at once.
+    pub prompt_tokens: usize,
+    /// The most output tokens the request may generate (`max_tokens`), if
+    /// known.
+    pub max_output_tokens: Option<usize>,
+}
+
+impl Cost {
+    /// A cost of `prompt_tokens`, with at most `max_output_tokens` generated.
+    pub const fn new(prompt_tokens: usize, max_output_tokens: Option<usize>) -> Self {
+        Cost {
+            prompt_tokens,
+            max_output_tokens,
+        }
+    }
+
+    /// A cost of `prompt_tokens`, output unknown.
+    pub const fn prompt(prompt_tokens: usize) -> Self {
+        Cost::new(prompt_tokens, None)
+    }
+
+    /// Prompt plus maximum output tokens: what the engine token limit
+    /// counts.
+    pub const fn engine_tokens(&self) -> usize {
+        match self.max_output_tokens {
+            Some(output) => self.prompt_tokens.saturating_add(output),
+            None => self.prompt_tokens,
+        }
+    }
+}
+
+/// What the gate is told about one request before it decides: the
+/// data-parallel rank it asks for and its cost. [`Gate::acquire`](crate::Gate::acquire)
+/// is the shorthand for a request with a rank and nothing else.
+///
+/// ```
+/// use tower_admission::{Cost, Descriptor};
+///
+/// let request = Descriptor::new()
+///     .with_rank(Some(1))
+///     .with_cost(Cost::new(800, Some(256)));
+/// assert_eq!(request.cost.engine_tokens(), 1056);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Descriptor {
+    /// The rank asked for; `None` (or a rank the engine has not reported)
+    /// makes the request unranked.
+    pub rank: Option<u32>,
+    /// Its cost in tokens (zero unless known).
+    pub cost: Cost,
+}
+
+impl Descriptor {
+    /// A plain request: unranked, of unknown cost.
+    pub const fn new() -> Self {
+        Descriptor {
+            rank: None,
+            cost: Cost::new(0, None),
+        }
+    }
+
+    /// The same request, asking for `rank`.
+    pub const fn with_rank(mut self, rank: Option<u32>) -> Self {
+        self.rank = rank;
+        self
+    }
+
+    /// The same request, costing `cost`.
+    pub const fn with_cost(mut self, cost: Cost) -> Self {
+        self.cost = cost;
+        self
     }
 }
 

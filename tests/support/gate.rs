@@ -3,7 +3,13 @@
 
 #![allow(dead_code)] // each test binary uses part of it
 
-use tower_admission::{AdmissionConfig, Counts, Gate, Snapshot};
+use futures::FutureExt;
+use tokio_test::task::{Spawn, spawn};
+use tokio_test::{assert_pending, assert_ready};
+use tower_admission::{
+    Acquire, AdmissionConfig, AdmitSource, Counts, Descriptor, Gate, Permit, RejectionScope,
+    Snapshot,
+};
 
 /// Counts of `engine_requests` admitted, `engine_waiting` of them without a
 /// first token, and `queued` requests.
@@ -39,4 +45,44 @@ pub fn assert_idle(snapshot: &Snapshot) {
     }
     let tally = snapshot.tally;
     assert_eq!(tally.received, tally.settled(), "tally: {tally:?}");
+}
+
+/// A request that must be admitted on arrival.
+#[track_caller]
+pub fn admitted_with(gate: &Gate, request: Descriptor) -> Permit {
+    let permit = gate
+        .acquire_with(request)
+        .now_or_never()
+        .expect("decided on arrival")
+        .expect("admitted");
+    assert_eq!(permit.source(), AdmitSource::Direct);
+    permit
+}
+
+/// A request that must be queued on arrival.
+#[track_caller]
+pub fn queued_with(gate: &Gate, request: Descriptor) -> Spawn<Acquire> {
+    let mut acquire = spawn(gate.acquire_with(request));
+    assert!(acquire.is_queued(), "expected the request to be queued");
+    assert_pending!(acquire.poll());
+    acquire
+}
+
+/// A request that must be rejected on arrival; returns the scope.
+#[track_caller]
+pub fn rejected_with(gate: &Gate, request: Descriptor) -> RejectionScope {
+    gate.acquire_with(request)
+        .now_or_never()
+        .expect("decided on arrival")
+        .expect_err("rejected")
+        .scope()
+}
+
+/// A queued request that must have been admitted and woken.
+#[track_caller]
+pub fn admitted_from_queue(acquire: &mut Spawn<Acquire>) -> Permit {
+    assert!(acquire.is_woken(), "an admitted waiter is woken");
+    let permit = assert_ready!(acquire.poll()).expect("admitted");
+    assert_eq!(permit.source(), AdmitSource::Queue);
+    permit
 }

@@ -25,6 +25,7 @@ struct ModelRequest {
     seq: u64,
     /// Counted under this rank, `None` when unranked.
     bucket: Option<u32>,
+    cost: Cost,
     phase: Phase,
 }
 
@@ -34,6 +35,15 @@ struct Model {
     capacity: Option<EngineCapacity>,
     requests: Vec<ModelRequest>,
     tally: Tally,
+}
+
+/// The token fit rule, written out again for the model: a request of no
+/// tokens, or one facing an empty budget, always fits.
+fn model_tokens_fit(used: usize, cost: usize, limit: Option<usize>) -> bool {
+    match limit {
+        None => true,
+        Some(limit) => cost == 0 || used == 0 || used + cost <= limit,
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -72,11 +82,19 @@ impl Model {
             if bucket.is_some_and(|bucket| bucket != request.bucket) {
                 continue;
             }
+            let (prompt, engine) = (request.cost.prompt_tokens, request.cost.engine_tokens());
             match request.phase {
-                Phase::Queued => counts.queued += 1,
+                Phase::Queued => {
+                    counts.queued += 1;
+                    counts.queued_tokens += prompt;
+                }
                 Phase::Admitted { waiting } => {
                     counts.engine_requests += 1;
-                    counts.engine_waiting += usize::from(waiting);
+                    counts.engine_tokens += engine;
+                    if waiting {
+                        counts.engine_waiting += 1;
+                        counts.engine_waiting_tokens += prompt;
+                    }
                 }
                 Phase::Done => {}
             }
@@ -84,24 +102,49 @@ impl Model {
         counts
     }
 
-    fn engine_fits(&self, bucket: Option<u32>) -> bool {
+    fn engine_fits(&self, bucket: Option<u32>, cost: Cost) -> bool {
         let limits = self.limits();
-        let n = self.combined_ranks();
-        let total = self.counts(None);
-        let combined = total.engine_requests < n * limits.engine_request_limit
-            && total.engine_waiting < n * limits.engine_request_waiting_limit;
-        let own = bucket.is_none() || {
-            let own = self.counts(Some(bucket));
-            own.engine_requests < limits.engine_request_limit
-                && own.engine_waiting < limits.engine_request_waiting_limit
+        let fits = |counts: Counts, n: usize| {
+            counts.engine_requests < n * limits.engine_request_limit
+                && counts.engine_waiting < n * limits.engine_request_waiting_limit
+                && model_tokens_fit(
+                    counts.engine_waiting_tokens,
+                    cost.prompt_tokens,
+                    limits.engine_waiting_token_limit.map(|l| n * l),
+                )
+                && model_tokens_fit(
+                    counts.engine_tokens,
+                    cost.engine_tokens(),
+                    limits.engine_token_limit.map(|l| n * l),
+                )
         };
-        combined && own
+        fits(self.counts(None), self.combined_ranks())
+            && (bucket.is_none() || fits(self.counts(Some(bucket)), 1))
     }
 
-    fn queue_fits(&self, bucket: Option<u32>) -> bool {
-        let limit = self.limits().request_queue_limit;
-        self.counts(None).queued < self.combined_ranks() * limit
-            && (bucket.is_none() || self.counts(Some(bucket)).queued < limit)
+    fn queue_fits(&self, bucket: Option<u32>, cost: Cost) -> bool {
+        let limits = self.limits();
+        let fits = |counts: Counts, n: usize| {
+            counts.queued < n * limits.request_queue_limit
+                && model_tokens_fit(
+                    counts.queued_tokens,
+                    cost.prompt_tokens,
+                    limits.request_queue_token_limit.map(|l| n * l),
+                )
+        };
+        fits(self.counts(None), self.combined_ranks())
+            && (bucket.is_none() || fits(self.counts(Some(bucket)), 1))
+    }
+
+    /// Whether `id` is queued with nobody older queued in its bucket.
+    fn is_head(&self, id: usize) -> bool {
+        let request = &self.requests[id];
+        request.phase == Phase::Queued
+            && !self.requests.iter().any(|other| {
+                other.phase == Phase::Queued
+                    && other.bucket == request.bucket
+                    && other.seq < request.seq
+            })
     }
 
     fn queue_empty(&self, bucket: Option<u32>) -> bool {
@@ -109,17 +152,19 @@ impl Model {
     }
 
     fn accepts(&self, bucket: Option<u32>) -> bool {
-        (self.queue_empty(bucket) && self.engine_fits(bucket)) || self.queue_fits(bucket)
+        let plain = Cost::default();
+        (self.queue_empty(bucket) && self.engine_fits(bucket, plain))
+            || self.queue_fits(bucket, plain)
     }
 
-    fn arrive(&mut self, rank: Option<u32>) -> (usize, Decision) {
+    fn arrive(&mut self, rank: Option<u32>, cost: Cost) -> (usize, Decision) {
         let bucket = rank.filter(|&rank| rank < self.ranks());
         self.tally.received += 1;
         let seq = self.requests.len() as u64;
-        let decision = if self.queue_empty(bucket) && self.engine_fits(bucket) {
+        let decision = if self.queue_empty(bucket) && self.engine_fits(bucket, cost) {
             self.tally.admitted_direct += 1;
             Decision::Admitted
-        } else if self.queue_fits(bucket) {
+        } else if self.queue_fits(bucket, cost) {
             Decision::Queued
         } else {
             let others = self.accepts(None)
@@ -141,18 +186,26 @@ impl Model {
             Decision::Queued => Phase::Queued,
             Decision::Rejected(_) => Phase::Done,
         };
-        self.requests.push(ModelRequest { seq, bucket, phase });
+        self.requests.push(ModelRequest {
+            seq,
+            bucket,
+            cost,
+            phase,
+        });
         (self.requests.len() - 1, decision)
     }
 
-    /// Admits the oldest queued request that fits, while one does; returns
-    /// who was admitted, in order.
+    /// Admits the oldest queue head that fits, while one does; returns who
+    /// was admitted, in order.
     fn dequeue(&mut self) -> Vec<usize> {
         let mut admitted = Vec::new();
         loop {
             let next = (0..self.requests.len())
-                .filter(|&id| self.requests[id].phase == Phase::Queued)
-                .filter(|&id| self.engine_fits(self.requests[id].bucket))
+                .filter(|&id| self.is_head(id))
+                .filter(|&id| {
+                    let request = &self.requests[id];
+                    self.engine_fits(request.bucket, request.cost)
+                })
                 .min_by_key(|&id| self.requests[id].seq);
             let Some(id) = next else { break };
             self.requests[id].phase = Phase::Admitted { waiting: true };
@@ -184,21 +237,56 @@ impl Model {
         }
     }
 
+    /// Whether a limit is exceeded beyond what the rules allow: a token
+    /// budget may be exceeded only by one request alone.
     fn over_limits(&self) -> bool {
         let limits = self.limits();
-        let over = |counts: Counts, scale: usize| {
-            counts.engine_requests > scale * limits.engine_request_limit
-                || counts.engine_waiting > scale * limits.engine_request_waiting_limit
-                || counts.queued > scale * limits.request_queue_limit
-        };
-        over(self.counts(None), self.combined_ranks())
-            || (0..self.ranks()).any(|rank| over(self.counts(Some(Some(rank))), 1))
+        let over =
+            |bucket: Option<Option<u32>>, scale: usize| {
+                let counts = self.counts(bucket);
+                let holders = |tokens: fn(&ModelRequest) -> usize| {
+                    self.requests
+                        .iter()
+                        .filter(|request| bucket.is_none_or(|bucket| bucket == request.bucket))
+                        .filter(|request| tokens(request) > 0)
+                        .count()
+                };
+                let tokens_over = |used: usize, limit: Option<usize>, tokens| {
+                    limit.is_some_and(|limit| used > scale * limit && holders(tokens) > 1)
+                };
+                counts.engine_requests > scale * limits.engine_request_limit
+                    || counts.engine_waiting > scale * limits.engine_request_waiting_limit
+                    || counts.queued > scale * limits.request_queue_limit
+                    || tokens_over(
+                        counts.engine_waiting_tokens,
+                        limits.engine_waiting_token_limit,
+                        |r| match r.phase {
+                            Phase::Admitted { waiting: true } => r.cost.prompt_tokens,
+                            _ => 0,
+                        },
+                    )
+                    || tokens_over(counts.engine_tokens, limits.engine_token_limit, |r| match r
+                        .phase
+                    {
+                        Phase::Admitted { .. } => r.cost.engine_tokens(),
+                        _ => 0,
+                    })
+                    || tokens_over(
+                        counts.queued_tokens,
+                        limits.request_queue_token_limit,
+                        |r| match r.phase {
+                            Phase::Queued => r.cost.prompt_tokens,
+                            _ => 0,
+                        },
+                    )
+            };
+        over(None, self.combined_ranks()) || (0..self.ranks()).any(|rank| over(Some(Some(rank)), 1))
     }
 }
 
 #[derive(Debug, Clone)]
 enum Op {
-    Arrive(Option<u32>),
+    Arrive(Option<u32>, Cost),
     /// The `n`th admitted request (modulo their number) sees a first token.
     FirstToken(usize),
     /// The `n`th admitted request's response ends.
@@ -212,8 +300,13 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let rank = prop_oneof![Just(None), (0u32..4).prop_map(Some), Just(Some(7))];
+    let cost = prop_oneof![
+        2 => Just(Cost::default()),
+        3 => (0usize..12, proptest::option::of(0usize..8))
+            .prop_map(|(prompt, output)| Cost::new(prompt, output)),
+    ];
     prop_oneof![
-        6 => rank.prop_map(Op::Arrive),
+        6 => (rank, cost).prop_map(|(rank, cost)| Op::Arrive(rank, cost)),
         3 => any::<usize>().prop_map(Op::FirstToken),
         3 => any::<usize>().prop_map(Op::Finish),
         2 => any::<usize>().prop_map(Op::Cancel),
@@ -229,8 +322,13 @@ fn config() -> impl Strategy<Value = AdmissionConfig> {
         proptest::option::of(1usize..4),
         proptest::option::of(0usize..4),
         proptest::option::of((1usize..4, 1usize..4)),
+        (
+            proptest::option::of(1usize..16),
+            proptest::option::of(1usize..24),
+            proptest::option::of(1usize..16),
+        ),
     )
-        .prop_map(|(requests, waiting, queue, capacity)| {
+        .prop_map(|(requests, waiting, queue, capacity, tokens)| {
             let mut config = AdmissionConfig::new();
             if let Some(n) = requests {
                 config = config.engine_request_limit(n);
@@ -243,6 +341,16 @@ fn config() -> impl Strategy<Value = AdmissionConfig> {
             }
             if let Some((seqs, ranks)) = capacity {
                 config = config.capacity(EngineCapacity::new(seqs, ranks));
+            }
+            let (waiting_tokens, engine_tokens, queued_tokens) = tokens;
+            if let Some(n) = waiting_tokens {
+                config = config.engine_waiting_token_limit(n);
+            }
+            if let Some(n) = engine_tokens {
+                config = config.engine_token_limit(n);
+            }
+            if let Some(n) = queued_tokens {
+                config = config.request_queue_token_limit(n);
             }
             config
         })
@@ -307,9 +415,9 @@ impl Harness {
 
     fn step(&mut self, op: Op) {
         match op {
-            Op::Arrive(rank) => {
-                let (id, expected) = self.model.arrive(rank);
-                let arrival = self.state.arrive(rank, id);
+            Op::Arrive(rank, cost) => {
+                let (id, expected) = self.model.arrive(rank, cost);
+                let arrival = self.state.arrive(rank, Demand::of(cost), id);
                 self.tickets.push(None);
                 self.grants.push(None);
                 let decision = match arrival {
@@ -402,9 +510,12 @@ impl Harness {
         } else {
             self.shrunk = false;
         }
-        for request in &model.requests {
-            if request.phase == Phase::Queued {
-                assert!(!model.engine_fits(request.bucket), "a queued request fits");
+        for (id, request) in model.requests.iter().enumerate() {
+            if model.is_head(id) {
+                assert!(
+                    !model.engine_fits(request.bucket, request.cost),
+                    "a queue head fits"
+                );
             }
         }
     }
@@ -451,12 +562,12 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
             .engine_request_limit(1)
             .request_queue_limit(100_000),
     );
-    let Arrival::Admitted(mut holder) = state.arrive(None, 0) else {
+    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), 0) else {
         panic!("the first request is admitted")
     };
     let idle = state.entries.capacity();
     let tickets: Vec<Ticket> = (0..100_000)
-        .map(|id| match state.arrive(None, id) {
+        .map(|id| match state.arrive(None, Demand::default(), id) {
             Arrival::Queued(ticket) => ticket,
             other => panic!("expected queued, got {other:?}"),
         })
@@ -477,11 +588,11 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
 #[test]
 fn unlinking_from_the_middle_keeps_the_queue_order() {
     let mut state = State::new(AdmissionConfig::new().engine_request_limit(1));
-    let Arrival::Admitted(mut holder) = state.arrive(None, 0) else {
+    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), 0) else {
         panic!("the first request is admitted")
     };
     let tickets: Vec<Ticket> = (1..=5)
-        .map(|id| match state.arrive(None, id) {
+        .map(|id| match state.arrive(None, Demand::default(), id) {
             Arrival::Queued(ticket) => ticket,
             other => panic!("expected queued, got {other:?}"),
         })
@@ -510,10 +621,10 @@ fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
             .engine_request_limit(1)
             .request_queue_limit(2),
     );
-    let Arrival::Admitted(mut a) = state.arrive(None, "a") else {
+    let Arrival::Admitted(mut a) = state.arrive(None, Demand::default(), "a") else {
         panic!("the first request is admitted")
     };
-    let Arrival::Queued(b) = state.arrive(None, "b") else {
+    let Arrival::Queued(b) = state.arrive(None, Demand::default(), "b") else {
         panic!("the second request waits")
     };
     state.finish(&mut a);
@@ -521,7 +632,7 @@ fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
         panic!("b was offered the freed capacity")
     };
     // c takes the slot b's entry had.
-    let Arrival::Queued(c) = state.arrive(None, "c") else {
+    let Arrival::Queued(c) = state.arrive(None, Demand::default(), "c") else {
         panic!("the third request waits")
     };
     assert_eq!(c.slot, b.slot, "the slab reuses the slot");
