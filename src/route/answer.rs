@@ -130,7 +130,10 @@ pub(crate) fn parse_retry_after(value: &[u8], now: SystemTime) -> Option<Duratio
     }
     if let Some(seconds) = std::str::from_utf8(value)
         .ok()
-        .filter(|text| text.bytes().all(|byte| byte.is_ascii_digit() || byte == b'.'))
+        .filter(|text| {
+            text.bytes()
+                .all(|byte| byte.is_ascii_digit() || byte == b'.')
+        })
         .and_then(|text| text.parse::<f64>().ok())
     {
         return Duration::try_from_secs_f64(seconds).ok();
@@ -318,7 +321,14 @@ mod tests {
             Some(Duration::from_secs(7))
         );
         assert_eq!(parse("Sun, 06 Nov 1994 08:49:00 GMT"), Some(Duration::ZERO));
-        for bad in ["", "-1", "soon", "1e3", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun, 32 Nov 1994 08:49:37 GMT"] {
+        for bad in [
+            "",
+            "-1",
+            "soon",
+            "1e3",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun, 32 Nov 1994 08:49:37 GMT",
+        ] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
     }

@@ -96,11 +96,14 @@ impl<D, E> ReplayBody for http_body_util::combinators::UnsyncBoxBody<D, E> {
     }
 }
 
-/// Either a replayable body or not, chosen per request: a frontend that
-/// buffers small bodies and streams large ones.
-impl<B: ReplayBody> ReplayBody for Option<B> {
+/// A frontend that buffers small bodies (replayable) and streams large
+/// ones (not) chooses per request.
+impl<L: ReplayBody, R: ReplayBody> ReplayBody for http_body_util::Either<L, R> {
     fn replay(&self) -> Option<Self> {
-        self.as_ref().map(|body| body.replay())
+        Some(match self {
+            http_body_util::Either::Left(body) => http_body_util::Either::Left(body.replay()?),
+            http_body_util::Either::Right(body) => http_body_util::Either::Right(body.replay()?),
+        })
     }
 }
 

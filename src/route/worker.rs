@@ -456,7 +456,9 @@ impl Shared {
                 }
                 let now = Instant::now();
                 let mut state = self.state();
-                state.busy_ranks.retain(|&(busy, end)| busy != rank && end > now);
+                state
+                    .busy_ranks
+                    .retain(|&(busy, end)| busy != rank && end > now);
                 state.busy_ranks.push((rank, until));
                 false
             }
