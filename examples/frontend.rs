@@ -20,7 +20,7 @@
 //!   picking the worker with fewer requests in flight of two at random;
 //! - `tower::retry::Retry` with `route::OverloadRetry`: an overload answer
 //!   is retried on another worker after a jittered backoff, within a retry
-//!   budget of 10% (`TpsBudget`), at most three times and within ten
+//!   budget of 5% plus one a second (`TpsBudget`), at most three times and within ten
 //!   seconds of the request's arrival; when the budget or the deadline says
 //!   no, the client gets the worker's overload answer as it was.
 //!
@@ -188,7 +188,7 @@ async fn main() -> ExitCode {
     println!(
         "routing: power of two choices by requests in flight; a worker-scoped overload answer \
          takes a worker out for its Retry-After (at most 1 s); retries: jittered backoff, budget \
-         10%, at most 3, within {} s",
+         5% + 1/s, at most 3, within {} s",
         RETRY_DEADLINE.as_secs()
     );
     println!("routes: POST /v1/chat/completions, POST /v1/completions, GET /metrics, GET /health");

@@ -134,9 +134,10 @@ pub const DEFAULT_MAX_RETRIES: u32 = 3;
 /// - **Budget**: every request deposits into a shared
 ///   `tower::retry::budget::TpsBudget`; every retry withdraws, and a retry
 ///   the budget cannot pay is not sent: the overload answer goes back to the
-///   caller. [`OverloadRetry::default_budget`] allows retries of 10% of
-///   requests (plus one a second), so sustained overload is not amplified
-///   by more than about 1.1.
+///   caller. [`OverloadRetry::default_budget`] allows retries of 5% of
+///   requests plus one a second: under sustained overload the workers
+///   receive at most `1.05 + 1 / (requests a second)` sends per request
+///   (1.08 at 36 requests a second).
 /// - **Deadline**: a retry that could not start before the request's
 ///   [`Deadline`] is not made.
 /// - **Replay**: a request whose body cannot be replayed
@@ -172,11 +173,11 @@ impl<G> Clone for OverloadRetry<G> {
 }
 
 impl OverloadRetry {
-    /// The budget [`OverloadRetry::new`] is usually given: retries worth
-    /// 10% of the requests of the last ten seconds, plus a reserve of one a
-    /// second.
+    /// The budget [`OverloadRetry::new`] is usually given: over any ten
+    /// seconds, retries worth 5% of the requests, plus one a second (so
+    /// the first rejections of a quiet frontend can be retried too).
     pub fn default_budget() -> TpsBudget {
-        TpsBudget::new(Duration::from_secs(10), 1, 0.1)
+        TpsBudget::new(Duration::from_secs(10), 1, 0.05)
     }
 }
 
