@@ -28,9 +28,10 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response};
 //! use tower::balance::p2c::Balance;
+//! use tower::buffer::Buffer;
 //! use tower::discover::ServiceList;
 //! use tower::retry::Retry;
-//! use tower::{Layer, ServiceExt, service_fn};
+//! use tower::{Layer, Service, ServiceExt, service_fn};
 //! use tower_admission::route::{OverloadRetry, WorkerLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -46,9 +47,9 @@
 //! let handles: Vec<_> = workers.iter().map(|worker| worker.handle()).collect();
 //! let balance = Balance::new(ServiceList::new(workers));
 //! let budget = Arc::new(OverloadRetry::default_budget());
-//! // `Retry` clones its service per request: put the balancer behind a
-//! // `tower::buffer::Buffer` to share it between tasks. One task here:
-//! let mut frontend = Retry::new(OverloadRetry::new(budget), balance);
+//! // `Retry` clones its service for each request: a `Buffer` shares the
+//! // balancer (one task polls it, so cooldowns wake that task).
+//! let mut frontend = Retry::new(OverloadRetry::new(budget), Buffer::new(balance, 1024));
 //!
 //! let response = frontend
 //!     .ready()

@@ -119,7 +119,7 @@ pub const DEFAULT_MAX_RETRIES: u32 = 3;
 
 /// A retry policy for overload answers (`529`, `503`, any error status with
 /// the gate's scope header, gRPC `UNAVAILABLE`), for
-/// `tower::retry::Retry` in front of a balancer of [`Worker`]s (so that
+/// `tower::retry::Retry` in front of a balancer of [`Worker`](super::Worker)s (so that
 /// the retry goes to another worker) or of a single upstream.
 ///
 /// - **Backoff**: exponential from [`DEFAULT_MIN_BACKOFF`] to
