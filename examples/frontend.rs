@@ -22,7 +22,9 @@
 //!   is retried on another worker after a jittered backoff, within a retry
 //!   budget of 5% plus one a second (`TpsBudget`), at most three times and within ten
 //!   seconds of the request's arrival; when the budget or the deadline says
-//!   no, the client gets the worker's overload answer as it was.
+//!   no, the client gets the worker's overload answer as it was;
+//! - a worker it cannot connect to answers `503` with `Retry-After: 1`, so
+//!   it too leaves rotation for a second and its requests go elsewhere.
 //!
 //! Routes: `POST /v1/chat/completions` and `POST /v1/completions` go to the
 //! workers (answers stream through as they come), `GET /metrics`
@@ -39,6 +41,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -222,16 +225,25 @@ fn worker_label(base: &Uri) -> String {
 
 /// One worker's HTTP/1.1 client: sends a request to the worker's address,
 /// keeping its path and query.
+///
+/// A worker it cannot connect to answers `503` with `Retry-After: 1`, as an
+/// overloaded one would: the request never reached it, so it is retried
+/// elsewhere, and the worker leaves rotation for a second instead of
+/// attracting requests by failing them fast (it has no requests in flight,
+/// the lightest load there is).
 #[derive(Clone)]
 struct WorkerClient {
     client: Client<HttpConnector, WorkerBody>,
     base: Uri,
 }
 
+/// A worker's answer, or the frontend's `503` for a worker it cannot reach.
+type WorkerAnswer = http_body_util::Either<hyper::body::Incoming, Full<Bytes>>;
+
 impl Service<axum::http::Request<WorkerBody>> for WorkerClient {
-    type Response = axum::http::Response<hyper::body::Incoming>;
+    type Response = axum::http::Response<WorkerAnswer>;
     type Error = hyper_util::client::legacy::Error;
-    type Future = hyper_util::client::legacy::ResponseFuture;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // The client pools connections and queues requests itself.
@@ -242,8 +254,38 @@ impl Service<axum::http::Request<WorkerBody>> for WorkerClient {
         let mut parts = self.base.clone().into_parts();
         parts.path_and_query = request.uri().path_and_query().cloned();
         *request.uri_mut() = Uri::from_parts(parts).expect("a base URL and a request path");
-        self.client.request(request)
+        let answer = self.client.request(request);
+        let worker = worker_label(&self.base);
+        Box::pin(async move {
+            match answer.await {
+                Ok(response) => Ok(response.map(http_body_util::Either::Left)),
+                Err(error) if error.is_connect() => Ok(unreachable(&worker, &error)),
+                Err(error) => Err(error),
+            }
+        })
     }
+}
+
+fn unreachable(
+    worker: &str,
+    error: &hyper_util::client::legacy::Error,
+) -> axum::http::Response<WorkerAnswer> {
+    let body = json!({
+        "error": {
+            "message": format!("cannot connect to worker {worker}: {}", error_chain(error)),
+            "type": "server_error",
+            "param": null,
+            "code": 503,
+        }
+    });
+    axum::http::Response::builder()
+        .status(StatusCode::SERVICE_UNAVAILABLE)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::RETRY_AFTER, "1")
+        .body(http_body_util::Either::Right(Full::new(Bytes::from(
+            body.to_string(),
+        ))))
+        .expect("a valid response")
 }
 
 /// Hop-by-hop headers, which a proxy does not forward; `host` and
@@ -322,9 +364,8 @@ async fn route_request(app: App, request: Request) -> Response {
 fn call_upstream(
     upstream: Retry<Counted<OverloadRetry>, Upstream>,
     request: axum::http::Request<WorkerBody>,
-) -> impl Future<
-    Output = Result<axum::http::Response<route::ResponseBody<hyper::body::Incoming>>, BoxError>,
-> + Send {
+) -> impl Future<Output = Result<axum::http::Response<route::ResponseBody<WorkerAnswer>>, BoxError>> + Send
+{
     upstream.oneshot(request)
 }
 

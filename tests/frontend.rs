@@ -215,7 +215,7 @@ async fn the_frontend_moves_traffic_off_a_tiny_worker_and_the_client_sees_fewer_
 }
 
 #[tokio::test]
-async fn the_frontend_answers_its_own_routes_and_refuses_bad_worker_urls() {
+async fn the_frontend_answers_its_own_routes_routes_around_a_vacant_worker_and_refuses_bad_urls() {
     let worker = Server::start("openai_server", &[], &[]);
     let frontend = Frontend::start(&[&worker.url]);
     let client = reqwest::Client::new();

@@ -347,6 +347,36 @@ async fn p2c_routes_around_a_cooling_worker_and_back_after_its_cooldown() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_balancer_whose_workers_all_cool_wakes_when_the_first_cooldown_ends() {
+    let short = Scripted::new(&[Answer::WorkerOverloaded(Some("0.3")), Answer::Ok]);
+    let long = Scripted::new(&[Answer::WorkerOverloaded(Some("1")), Answer::Ok]);
+    let mut balance = Balance::new(ServiceList::new(vec![
+        Worker::new(short.clone()),
+        Worker::new(long.clone()),
+    ]));
+    while short.received() == 0 || long.received() == 0 {
+        assert_eq!(send(&mut balance).await, 529);
+    }
+    let mut task = tokio_test::task::spawn(());
+    assert!(
+        !poll_ready(&mut task, &mut balance),
+        "ready with every worker cooling"
+    );
+    advance(Duration::from_millis(299)).await;
+    assert!(!task.is_woken());
+    advance(Duration::from_millis(1)).await;
+    assert!(task.is_woken(), "the balancer's task was not woken");
+    assert!(poll_ready(&mut task, &mut balance));
+    assert_eq!(
+        balance.call(request()).await.unwrap().status(),
+        200,
+        "routed to the worker still cooling"
+    );
+    assert_eq!(short.received(), 2);
+    assert_eq!(long.received(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn p2c_keeps_routing_to_a_worker_with_a_busy_rank() {
     let ranked = Scripted::new(&[Answer::RankOverloaded(1), Answer::Ok]);
     let other = Scripted::always(Answer::Ok);
