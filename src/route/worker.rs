@@ -176,21 +176,19 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut response = ready!(this.inner.poll(cx))?;
-        let in_flight = this.in_flight.take();
-        let response = match in_flight {
-            Some(in_flight) => {
-                if in_flight.shared.observe(&response) {
-                    // The cooldown stands for the answer's Retry-After: a
-                    // retry policy need not wait for it as well.
-                    response.extensions_mut().insert(CooldownApplied);
-                }
-                response.map(|body| ResponseBody {
-                    inner: body,
-                    in_flight: Some(in_flight),
-                })
-            }
-            None => panic!("ResponseFuture polled after completion"),
-        };
+        let in_flight = this
+            .in_flight
+            .take()
+            .expect("ResponseFuture polled after completion");
+        if in_flight.shared.observe(&response) {
+            // The cooldown stands for the answer's Retry-After: a retry
+            // policy need not wait for it as well.
+            response.extensions_mut().insert(CooldownApplied);
+        }
+        let response = response.map(|body| ResponseBody {
+            inner: body,
+            in_flight: Some(in_flight),
+        });
         Poll::Ready(Ok(response))
     }
 }
