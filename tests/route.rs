@@ -238,6 +238,44 @@ async fn a_cooldown_lasts_the_retry_after_but_never_more_than_a_second() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_grpc_unavailable_answer_cools_its_worker_for_its_pushback() {
+    let mut worker = Worker::new(Scripted::new(&[
+        Answer::GrpcUnavailable(Some("300")),
+        Answer::Ok,
+    ]));
+    let mut task = tokio_test::task::spawn(());
+    assert_eq!(send(&mut worker).await, 200, "trailers-only: HTTP 200");
+    assert!(worker.handle().is_cooling());
+    advance(Duration::from_millis(299)).await;
+    assert!(!poll_ready(&mut task, &mut worker));
+    advance(Duration::from_millis(1)).await;
+    assert!(task.is_woken());
+    assert!(poll_ready(&mut task, &mut worker));
+    assert_eq!(worker.handle().stats().worker_rejections, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_from_a_server_without_the_gate_cools_its_worker() {
+    let plain = tower::util::MapResponse::new(
+        Scripted::always(Answer::Ok),
+        |mut response: Response<Body>| {
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+        },
+    );
+    let mut worker = Worker::new(plain);
+    let mut task = tokio_test::task::spawn(());
+    assert_eq!(send(&mut worker).await, 503);
+    advance(Duration::from_millis(999)).await;
+    assert!(
+        !poll_ready(&mut task, &mut worker),
+        "no scope, no Retry-After: one second"
+    );
+    advance(Duration::from_millis(1)).await;
+    assert!(poll_ready(&mut task, &mut worker));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_rank_scoped_rejection_keeps_the_worker_and_marks_the_rank_busy() {
     let mut worker = Worker::new(Scripted::new(&[Answer::RankOverloaded(3), Answer::Ok]));
     let handle = worker.handle();
