@@ -67,6 +67,9 @@ pub mod http;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+#[cfg(feature = "route")]
+#[cfg_attr(docsrs, doc(cfg(feature = "route")))]
+pub mod route;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod sizing;

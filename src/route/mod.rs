@@ -1,0 +1,81 @@
+//! The frontend side: routing over many workers by their overload answers,
+//! and retrying those answers politely.
+//!
+//! A gate protects one worker. A frontend that spreads requests over many
+//! workers acts on their answers:
+//!
+//! - a **worker-scoped** rejection (`x-admission-rejection-scope: worker`,
+//!   `Retry-After: 1`) takes the worker out of rotation for the
+//!   `Retry-After` time, at most one second; a later success ends that
+//!   early;
+//! - a **rank-scoped** one keeps the worker in rotation and marks the rank
+//!   busy for as long, so a rank-aware router picks another rank;
+//! - the request itself never reached the engine, so it may be sent again,
+//!   elsewhere: after a jittered exponential backoff, within a retry budget
+//!   and before its deadline.
+//!
+//! None of this is a new balancer. [`Worker`] wraps one worker's client
+//! service: it reports itself not ready during a cooldown and counts its
+//! requests in flight as its `tower::load::Load`, which is all that
+//! `tower::balance::p2c::Balance` (power of two choices over a `Discover`
+//! of workers) needs. [`OverloadRetry`] is a `tower::retry::Policy` spending
+//! a `tower::retry::budget::TpsBudget`.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::sync::Arc;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use tower::balance::p2c::Balance;
+//! use tower::buffer::Buffer;
+//! use tower::discover::ServiceList;
+//! use tower::retry::Retry;
+//! use tower::{Layer, Service, ServiceExt, service_fn};
+//! use tower_admission::route::{OverloadRetry, WorkerLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // One client service per worker (here: stand-ins that always answer).
+//! let workers: Vec<_> = (0..3)
+//!     .map(|_| {
+//!         WorkerLayer::new().layer(service_fn(|_: Request<Bytes>| async {
+//!             Ok::<_, Infallible>(Response::new(Bytes::from_static(b"ok")))
+//!         }))
+//!     })
+//!     .collect();
+//! let handles: Vec<_> = workers.iter().map(|worker| worker.handle()).collect();
+//! let balance = Balance::new(ServiceList::new(workers));
+//! let budget = Arc::new(OverloadRetry::default_budget());
+//! // `Retry` clones its service for each request: a `Buffer` shares the
+//! // balancer (one task polls it, so cooldowns wake that task).
+//! let mut frontend = Retry::new(OverloadRetry::new(budget), Buffer::new(balance, 1024));
+//!
+//! let response = frontend
+//!     .ready()
+//!     .await
+//!     .unwrap()
+//!     .call(Request::new(Bytes::from_static(b"{}")))
+//!     .await
+//!     .unwrap();
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(handles.iter().map(|h| h.stats().requests).sum::<u64>(), 1);
+//! # }
+//! ```
+//!
+//! `examples/frontend.rs` is an OpenAI-compatible frontend built this way,
+//! and `docs/deployment.md` shows the same answers handled by Envoy, gRPC
+//! clients and Kubernetes probes.
+
+mod answer;
+mod retry;
+mod worker;
+
+pub use self::answer::OverloadAnswer;
+pub use self::retry::{
+    DEFAULT_MAX_BACKOFF, DEFAULT_MAX_RETRIES, DEFAULT_MIN_BACKOFF, Deadline, OverloadRetry,
+    ReplayBody, RetryDelay,
+};
+pub use self::worker::{
+    MAX_COOLDOWN, ResponseBody, ResponseFuture, Worker, WorkerHandle, WorkerLayer, WorkerStats,
+};

@@ -1,0 +1,275 @@
+//! The frontend example over three example workers, as processes over real
+//! sockets. One worker is tiny (`--max-num-seqs 1 --request-queue-limit 0`):
+//! in a burst it rejects with worker scope. Talking to the workers
+//! round-robin, the client gets those `529`s; through the frontend, the
+//! tiny worker leaves rotation at its first rejection, its rejected
+//! requests are retried on the others, and the client sees fewer. Either
+//! way each request is run by an engine at most once: the workers' own
+//! counts of admissions and completions match the client's `200`s.
+#![cfg(all(
+    feature = "route",
+    feature = "sim",
+    feature = "clap",
+    feature = "http",
+    feature = "metrics"
+))]
+
+mod support;
+
+#[path = "support/frontend.rs"]
+mod fleet;
+
+use std::future::Future;
+
+use serde_json::json;
+use tokio::time::timeout;
+
+use fleet::{Frontend, Scrape, scrape};
+use support::{PATIENCE, Server};
+
+/// Requests in the burst.
+const BURST: usize = 24;
+
+/// Long enough (about 2.4 s at `--time-scale 4`) that the whole burst
+/// arrives while the first requests still run.
+const MAX_TOKENS: u64 = 100;
+
+async fn within<F: Future>(future: F) -> F::Output {
+    timeout(PATIENCE, future)
+        .await
+        .expect("timed out waiting for an answer")
+}
+
+/// Two workers with room for the whole burst between them (4 running and
+/// 12 queued each) and a tiny one.
+fn workers() -> [Server; 3] {
+    let roomy = [
+        "--max-num-seqs",
+        "4",
+        "--request-queue-limit",
+        "12",
+        "--time-scale",
+        "4",
+    ];
+    let tiny = [
+        "--max-num-seqs",
+        "1",
+        "--request-queue-limit",
+        "0",
+        "--time-scale",
+        "4",
+    ];
+    [
+        Server::start("openai_server", &roomy, &[]),
+        Server::start("openai_server", &roomy, &[]),
+        Server::start("openai_server", &tiny, &[]),
+    ]
+}
+
+/// Sends the burst at once, request `i` to `targets[i % targets.len()]`,
+/// and returns each answer's status.
+async fn burst(client: &reqwest::Client, targets: &[&str]) -> Vec<u16> {
+    let body = json!({"model": "sim", "prompt": "Tell me about admission control.", "max_tokens": MAX_TOKENS});
+    let calls: Vec<_> = (0..BURST)
+        .map(|i| {
+            let request = client
+                .post(format!("{}/v1/completions", targets[i % targets.len()]))
+                .json(&body);
+            tokio::spawn(async move {
+                let response = within(request.send()).await.expect("no answer");
+                let status = response.status().as_u16();
+                within(response.bytes()).await.expect("body cut short");
+                status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for call in calls {
+        statuses.push(call.await.unwrap());
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+/// What the workers' gates and engines counted, summed over the workers.
+struct Engines {
+    received: f64,
+    admitted: f64,
+    rejected: f64,
+    completed: f64,
+}
+
+fn engines(scrapes: &[Scrape]) -> Engines {
+    let sum = |name: &str| scrapes.iter().map(|scrape| scrape.sum(name, &[])).sum();
+    Engines {
+        received: sum("admission_request_receive_total"),
+        admitted: sum("admission_request_admit_total"),
+        rejected: sum("admission_rejection_total"),
+        completed: sum("sim_engine_completed_total"),
+    }
+}
+
+async fn scrape_all(client: &reqwest::Client, workers: &[Server]) -> Vec<Scrape> {
+    let mut scrapes = Vec::new();
+    for worker in workers {
+        scrapes.push(within(scrape(client, &worker.url)).await);
+    }
+    scrapes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_frontend_moves_traffic_off_a_tiny_worker_and_the_client_sees_fewer_overloads() {
+    let client = reqwest::Client::new();
+
+    // Round-robin without the frontend: the tiny worker runs one of its
+    // eight requests and rejects seven; the others run or queue theirs.
+    let direct = workers();
+    let urls: Vec<&str> = direct.iter().map(|worker| worker.url.as_str()).collect();
+    let statuses = burst(&client, &urls).await;
+    let direct_overloaded = count(&statuses, 529);
+    assert_eq!(
+        count(&statuses, 200) + direct_overloaded,
+        BURST,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        direct_overloaded,
+        BURST / 3 - 1,
+        "round-robin: {statuses:?}"
+    );
+    let counted = engines(&scrape_all(&client, &direct).await);
+    assert_eq!(counted.received, BURST as f64);
+    assert_eq!(counted.admitted, count(&statuses, 200) as f64);
+    assert_eq!(counted.completed, count(&statuses, 200) as f64);
+    drop(direct);
+
+    // The same burst through the frontend, over fresh workers.
+    let fleet = workers();
+    let urls: Vec<&str> = fleet.iter().map(|worker| worker.url.as_str()).collect();
+    let frontend = Frontend::start(&urls);
+    let statuses = burst(&client, &[frontend.url.as_str()]).await;
+    let routed_overloaded = count(&statuses, 529);
+    let ok = count(&statuses, 200);
+    assert_eq!(ok + routed_overloaded, BURST, "{statuses:?}");
+    println!(
+        "529s seen by the client: {direct_overloaded} of {BURST} round-robin, \
+         {routed_overloaded} of {BURST} through the frontend"
+    );
+    assert!(
+        routed_overloaded < direct_overloaded,
+        "the frontend let {routed_overloaded} overload answers through, round-robin got \
+         {direct_overloaded}"
+    );
+
+    let routing = within(scrape(&client, &frontend.url)).await;
+    let tiny = fleet[2].url.strip_prefix("http://").unwrap();
+    let retries = routing.sum("frontend_retries_total", &[]);
+    println!(
+        "frontend: {retries} retries; tiny worker: {} requests, {} worker-scoped rejections, \
+         {} cooldowns",
+        routing.sum("frontend_worker_requests_total", &[("worker", tiny)]),
+        routing.sum(
+            "frontend_worker_rejections_total",
+            &[("worker", tiny), ("scope", "worker")]
+        ),
+        routing.sum("frontend_worker_cooldowns_total", &[("worker", tiny)]),
+    );
+    assert!(
+        routing.sum(
+            "frontend_worker_rejections_total",
+            &[("worker", tiny), ("scope", "worker")]
+        ) >= 1.0,
+        "the tiny worker never rejected: nothing was moved\n{}",
+        routing.text
+    );
+    assert!(routing.sum("frontend_worker_cooldowns_total", &[("worker", tiny)]) >= 1.0);
+    assert!(retries >= 1.0, "no rejection was retried\n{}", routing.text);
+    assert_eq!(routing.sum("frontend_requests_total", &[]), BURST as f64);
+    assert_eq!(
+        routing.sum("frontend_responses_total", &[("status", "200")]),
+        ok as f64
+    );
+
+    // Nothing lost, nothing run twice: every send reached a gate; each
+    // request the client saw succeed was admitted and completed by exactly
+    // one engine, and no other request was.
+    let scrapes = scrape_all(&client, &fleet).await;
+    let counted = engines(&scrapes);
+    assert_eq!(counted.received, BURST as f64 + retries);
+    assert_eq!(counted.admitted + counted.rejected, counted.received);
+    assert_eq!(counted.admitted, ok as f64, "admissions and 200s differ");
+    assert_eq!(counted.completed, ok as f64, "completions and 200s differ");
+    let routed: f64 = fleet
+        .iter()
+        .map(|worker| {
+            let label = worker.url.strip_prefix("http://").unwrap();
+            routing.sum("frontend_worker_requests_total", &[("worker", label)])
+        })
+        .sum();
+    assert_eq!(routed, counted.received, "sends the frontend counted");
+    // The tiny engine ran one request of the burst; the others ran the rest.
+    assert_eq!(scrapes[2].sum("admission_request_admit_total", &[]), 1.0);
+}
+
+#[tokio::test]
+async fn the_frontend_answers_its_own_routes_routes_around_a_vacant_worker_and_refuses_bad_urls() {
+    let worker = Server::start("openai_server", &[], &[]);
+    let frontend = Frontend::start(&[&worker.url]);
+    let client = reqwest::Client::new();
+
+    let health = within(client.get(format!("{}/health", frontend.url)).send())
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let missing = within(client.get(format!("{}/v1/models", frontend.url)).send())
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let error: serde_json::Value = within(missing.json()).await.unwrap();
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+
+    // A streamed chat answer comes through whole.
+    let answer = within(
+        client
+            .post(format!("{}/v1/chat/completions", frontend.url))
+            .json(&json!({
+                "model": "sim",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 3,
+                "stream": true
+            }))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let text = within(answer.text()).await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(text.matches("\"content\":\" ").count(), 3, "{text}");
+
+    for bad in [
+        "https://127.0.0.1:1",
+        "127.0.0.1:8001",
+        "http://127.0.0.1:8001/v1",
+    ] {
+        let mut process = support::Process::spawn(
+            &fleet::frontend_binary(),
+            &["--listen", "127.0.0.1:0", "--worker", bad],
+            &[],
+        );
+        let (status, _, stderr) = process.wait();
+        assert_eq!(status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--worker"), "{bad}: {stderr}");
+    }
+    let mut process =
+        support::Process::spawn(&fleet::frontend_binary(), &["--listen", "127.0.0.1:0"], &[]);
+    let (status, _, stderr) = process.wait();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+}

@@ -1,0 +1,155 @@
+//! The frontend example as a child process, beside the example workers of
+//! `support/mod.rs`, and a reader of the Prometheus text they all serve.
+//!
+//! The frontend needs the `route` feature, which the workers' build in
+//! `support/mod.rs` does not turn on: it is built here, once per test
+//! binary, by cargo with the test's profile, and only it (building the
+//! workers with other features would replace their binaries under the
+//! feet of the other test binaries).
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use crate::support::Process;
+
+/// The path of the frontend example, built (or found up to date) by cargo.
+pub fn frontend_binary() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BUILT.get_or_init(build_frontend) {
+        Ok(path) => path.clone(),
+        Err(message) => panic!("{message}"),
+    }
+}
+
+fn build_frontend() -> Result<PathBuf, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args([
+        "build",
+        "--manifest-path",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+        "--features",
+        "route,sim,clap",
+        "--example",
+        "frontend",
+        "--message-format=json-render-diagnostics",
+    ]);
+    let profile = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.file_name()?.to_owned()))
+        .and_then(|name| name.into_string().ok());
+    if let Some(profile) = profile.filter(|profile| profile != "debug") {
+        command.args(["--profile", &profile]);
+    }
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|error| format!("cannot run cargo to build the frontend: {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo could not build the frontend ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| {
+            message["reason"] == "compiler-artifact" && message["target"]["name"] == "frontend"
+        })
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| "cargo reported no frontend executable".to_owned())
+}
+
+/// The frontend example, started with `--listen 127.0.0.1:0` and a
+/// `--worker` per URL.
+pub struct Frontend {
+    pub process: Process,
+    /// `http://127.0.0.1:PORT`, from its first line of output.
+    pub url: String,
+}
+
+impl Frontend {
+    pub fn start(workers: &[&str]) -> Frontend {
+        let mut args = vec!["--listen", "127.0.0.1:0"];
+        for worker in workers {
+            args.extend(["--worker", worker]);
+        }
+        let process = Process::spawn(&frontend_binary(), &args, &[]);
+        let stdout = process.wait_for_stdout("address and banner", |text| {
+            (text.lines().count() >= 4 && text.ends_with('\n')).then(|| text.to_owned())
+        });
+        let first = stdout.lines().next().unwrap();
+        let url = first
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_owned();
+        Frontend { process, url }
+    }
+}
+
+/// Samples of a Prometheus text exposition.
+pub struct Scrape {
+    pub text: String,
+    /// Name, labels (`key="value"` each), value.
+    samples: Vec<(String, Vec<String>, f64)>,
+}
+
+impl Scrape {
+    pub fn parse(text: &str) -> Scrape {
+        let samples = text
+            .lines()
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(|line| {
+                let (series, value) = line.rsplit_once(' ').unwrap();
+                let (name, labels) = match series.split_once('{') {
+                    Some((name, labels)) => (name, labels.strip_suffix('}').unwrap()),
+                    None => (series, ""),
+                };
+                let labels = labels
+                    .split(',')
+                    .filter(|label| !label.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                (name.to_owned(), labels, value.parse().unwrap())
+            })
+            .collect();
+        Scrape {
+            text: text.to_owned(),
+            samples,
+        }
+    }
+
+    /// The sum of the samples of `name` that carry every one of `labels`
+    /// (0 when there are none).
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let wanted: Vec<String> = labels
+            .iter()
+            .map(|(key, value)| format!("{key}=\"{value}\""))
+            .collect();
+        self.samples
+            .iter()
+            .filter(|(sample, have, _)| {
+                sample == name && wanted.iter().all(|label| have.contains(label))
+            })
+            .map(|(_, _, value)| value)
+            .sum()
+    }
+}
+
+/// GETs `{url}/metrics`.
+pub async fn scrape(client: &reqwest::Client, url: &str) -> Scrape {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("GET {url}/metrics: {error}"))
+        .text()
+        .await
+        .unwrap();
+    Scrape::parse(&text)
+}
