@@ -6,7 +6,7 @@
 use ::loom::future::block_on;
 use ::loom::thread;
 
-use crate::{AdmissionConfig, AdmitSource, Counts, EngineCapacity, Gate};
+use crate::{AdmissionConfig, AdmitSource, Cost, Counts, Descriptor, EngineCapacity, Gate};
 
 fn gate(requests: usize, waiting: usize, queue: usize) -> Gate {
     Gate::new(
@@ -126,5 +126,26 @@ fn a_capacity_report_racing_a_release_and_a_cancel_loses_nothing() {
         assert_empty(&gate);
         assert_eq!(gate.snapshot().tally.cancelled, 1);
         assert_eq!(gate.limits().engine_request_limit, 2);
+    });
+}
+
+#[test]
+fn a_token_budget_freed_on_another_thread_admits_the_next_long_prompt() {
+    ::loom::model(|| {
+        let gate = Gate::new(AdmissionConfig::new().engine_waiting_token_limit(1000));
+        let long = Descriptor::new().with_cost(Cost::prompt(800));
+        let mut holder = block_on(gate.acquire_with(long)).unwrap();
+        let waiter = gate.acquire_with(long);
+        assert!(waiter.is_queued());
+        let streamer = thread::spawn(move || {
+            holder.first_token();
+            holder
+        });
+        // Must complete: the first token frees the budget.
+        let permit = block_on(waiter).unwrap();
+        assert!(gate.snapshot().total.engine_waiting_tokens <= 800);
+        let holder = streamer.join().unwrap();
+        drop((permit, holder));
+        assert_empty(&gate);
     });
 }
