@@ -54,6 +54,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tower_admission::detect::OpenAiSse;
+use tower_admission::http::OpenAiCostLayer;
 use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
 use tower_admission::{AdmissionArgs, AdmissionLayer, Admitted, Gate, RankExtractor, RankHeader};
 
@@ -190,20 +191,30 @@ async fn main() -> ExitCode {
         let limits = gate.limits();
         // One gate for every generation route: `Router::layer` wraps each
         // route with a clone of the layer, and clones share the gate.
-        router = router.layer(
-            AdmissionLayer::new(gate)
-                .detector(OpenAiSse::default())
-                .rank(rank)
-                .overload_status(args.overload_status),
-        );
+        router = router
+            .layer(
+                AdmissionLayer::new(gate)
+                    .detector(OpenAiSse::default())
+                    .rank(rank)
+                    .overload_status(args.overload_status),
+            )
+            // Outside admission, so each request's prompt and output tokens
+            // are known when the gate weighs it against the token limits.
+            .layer(OpenAiCostLayer::new());
+        let tokens =
+            |limit: Option<usize>| limit.map_or_else(|| "off".to_owned(), |n| n.to_string());
         format!(
             "admission: per rank engine request limit {}, engine request waiting limit {}, \
-             request queue limit {}; overload status {}; metrics prefix {}",
+             request queue limit {}; overload status {}; metrics prefix {}; \
+             token limits: engine waiting {}, engine {}, queue {}",
             limits.engine_request_limit,
             limits.engine_request_waiting_limit,
             limits.request_queue_limit,
             args.overload_status.as_u16(),
             args.metrics_prefix,
+            tokens(limits.engine_waiting_token_limit),
+            tokens(limits.engine_token_limit),
+            tokens(limits.request_queue_token_limit),
         )
     };
     let router = router

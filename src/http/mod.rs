@@ -2,8 +2,10 @@
 //! [`Admission`].
 //!
 //! Each request is decided when the service is **called**: its rank is read
-//! by a [`RankExtractor`], and the worker's [`Gate`](crate::Gate) admits it,
-//! queues it, or rejects it.
+//! by a [`RankExtractor`], its cost (for token budgets) from a
+//! [`Cost`](crate::Cost) request extension set by an earlier layer (see
+//! [`OpenAiCostLayer`] and [`CostLayer`]), and the worker's
+//! [`Gate`](crate::Gate) admits it, queues it, or rejects it.
 //!
 //! * **Admitted** requests reach the inner service. The request's
 //!   [`Permit`](crate::Permit) travels into the [`ResponseBody`]: its
@@ -101,6 +103,7 @@
 //! [`Gate`]: crate::Gate
 
 mod body;
+mod cost;
 mod future;
 mod layer;
 mod rank;
@@ -108,6 +111,10 @@ mod reject;
 mod service;
 
 pub use self::body::ResponseBody;
+pub use self::cost::{
+    CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES, OpenAiCost,
+    OpenAiCostLayer, SetCost,
+};
 pub use self::future::ResponseFuture;
 pub use self::layer::AdmissionLayer;
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};

@@ -14,7 +14,7 @@ use super::future::Deferred;
 use super::reject::{OverloadAnswer, Protocol, Rejection};
 use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
 use crate::detect::{AnyData, FirstTokenDetector};
-use crate::{AdmitSource, Gate, Permit};
+use crate::{AdmitSource, Cost, Descriptor, Gate, Permit};
 
 /// What the gate decided for a request, inserted into the request's
 /// extensions before the inner service sees it: the rank the request is
@@ -111,9 +111,12 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let rank = self.rank.rank(&req);
+        let cost = req.extensions().get::<Cost>().copied().unwrap_or_default();
+        let request = Descriptor::new()
+            .with_rank(self.rank.rank(&req))
+            .with_cost(cost);
         let protocol = Protocol::of(&req);
-        let mut acquire = self.gate.acquire(rank);
+        let mut acquire = self.gate.acquire_with(request);
 
         // The gate decided on arrival unless the request was queued: take
         // the decision now, so an admitted request calls the (ready) inner

@@ -22,13 +22,16 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 
 /// The admission variables of SPEC §5: cleared in every child, so that the
 /// developer's environment cannot change what a test sees.
-pub const ADMISSION_VARIABLES: [&str; 6] = [
+pub const ADMISSION_VARIABLES: [&str; 9] = [
     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
     "DYN_ENGINE_REQUEST_LIMIT",
     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
     "DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT",
     "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
     "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
+    "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT",
+    "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT",
+    "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT",
 ];
 
 /// The path of an example binary, built (or found up to date) by cargo with
