@@ -42,12 +42,12 @@ async fn main() -> std::io::Result<()> {
             .engine_request_limit(4)
             .request_queue_limit(8),
     );
+    // On each route's method router: 404s and 405s take no admission capacity.
+    let admitted = AdmissionLayer::new(gate);
     let app = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(complete))
-        // `route_layer`: 404s and 405s take no admission capacity.
-        .route_layer(AdmissionLayer::new(gate))
-        .route("/health", get(|| async { "ok" })); // added after: not admitted
+        .route("/v1/chat/completions", post(chat).route_layer(admitted.clone()))
+        .route("/v1/completions", post(complete).route_layer(admitted))
+        .route("/health", get(|| async { "ok" })); // not admitted
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await

@@ -39,8 +39,7 @@ use crate::Permit;
 ///
 /// let gate = Gate::new(AdmissionConfig::new());
 /// let app: Router = Router::new()
-///     .route("/v1/completions", post(complete))
-///     .route_layer(AdmissionLayer::new(gate));
+///     .route("/v1/completions", post(complete).route_layer(AdmissionLayer::new(gate)));
 /// # let _ = app;
 /// ```
 #[derive(Clone)]

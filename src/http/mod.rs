@@ -49,22 +49,24 @@
 //!
 //! # Example: axum
 //!
-//! One gate per worker, shared by every route. Use
-//! [`route_layer`](https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer),
+//! One gate per worker, shared by every route. Put the layer on each
+//! route's method router with
+//! [`MethodRouter::route_layer`](https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.route_layer),
 //! so that unknown paths (404) and wrong methods (405) are answered without
-//! taking admission capacity; routes added after it (health checks,
-//! metrics) are not admitted:
+//! taking admission capacity (axum's `Router::route_layer` keeps 404s out
+//! but not 405s; `Router::layer` keeps neither out). Routes without it
+//! (health checks, metrics) are not admitted:
 //!
 //! ```
 //! use axum::{Router, routing::{get, post}};
 //! use tower_admission::{AdmissionConfig, AdmissionLayer, EngineCapacity, Gate, RankHeader};
 //!
 //! let gate = Gate::new(AdmissionConfig::new().capacity(EngineCapacity::new(256, 2)));
+//! let admitted = AdmissionLayer::new(gate.clone()).rank(RankHeader::default());
 //! let app: Router = Router::new()
-//!     .route("/v1/chat/completions", post(|| async { "…" }))
-//!     .route("/v1/completions", post(|| async { "…" }))
-//!     .route_layer(AdmissionLayer::new(gate.clone()).rank(RankHeader::default()))
-//!     .route("/health", get(|| async { "ok" })); // added after: not admitted
+//!     .route("/v1/chat/completions", post(|| async { "…" }).route_layer(admitted.clone()))
+//!     .route("/v1/completions", post(|| async { "…" }).route_layer(admitted))
+//!     .route("/health", get(|| async { "ok" })); // not admitted
 //! # let _ = app;
 //! ```
 //!
@@ -134,8 +136,7 @@
 //!   inner service produced: an `OpenAiSse` detector cannot read a
 //!   compressed event stream, so waiting would end in the wrong place.
 //! * **Tracing and metrics go outside**, so that they see overload answers.
-//! * **Routes**: axum's `Router::route_layer` (and `Router::layer`) wraps
-//!   each route separately, and all of them share the layer's gate.
+//! * **Routes**: each route's clone of the layer shares the layer's gate.
 //!
 //! [`Gate`]: crate::Gate
 
