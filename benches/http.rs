@@ -133,7 +133,9 @@ fn streaming_request(c: &mut Criterion) {
         b.iter(|| black_box(one_request(&mut admission)))
     });
 
-    let mut admission_any = AdmissionLayer::new(gate.clone()).detector(AnyData).layer(Chat);
+    let mut admission_any = AdmissionLayer::new(gate.clone())
+        .detector(AnyData)
+        .layer(Chat);
     group.bench_function("admission/any_data", |b| {
         b.iter(|| black_box(one_request(&mut admission_any)))
     });
@@ -149,7 +151,9 @@ fn interleaved() {
     let mut bare = Chat;
     let mut limited = ConcurrencyLimit::new(Chat, 10_000);
     let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat);
-    let mut admission_any = AdmissionLayer::new(gate.clone()).detector(AnyData).layer(Chat);
+    let mut admission_any = AdmissionLayer::new(gate.clone())
+        .detector(AnyData)
+        .layer(Chat);
     support::print_table(
         "one 20-event SSE request",
         &mut [

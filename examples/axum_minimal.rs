@@ -19,7 +19,9 @@ use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
 async fn chat() -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let role = r#"{"choices":[{"delta":{"role":"assistant"}}]}"#.to_owned();
     let tokens = (0..5).map(|n| format!(r#"{{"choices":[{{"delta":{{"content":"word{n} "}}}}]}}"#));
-    let events = std::iter::once(role).chain(tokens).chain(["[DONE]".to_owned()]);
+    let events = std::iter::once(role)
+        .chain(tokens)
+        .chain(["[DONE]".to_owned()]);
     Sse::new(stream::iter(events).then(|data| async move {
         tokio::time::sleep(Duration::from_millis(200)).await; // "generating"
         Ok(Event::default().data(data))
@@ -45,7 +47,10 @@ async fn main() -> std::io::Result<()> {
     // On each route's method router: 404s and 405s take no admission capacity.
     let admitted = AdmissionLayer::new(gate);
     let app = Router::new()
-        .route("/v1/chat/completions", post(chat).route_layer(admitted.clone()))
+        .route(
+            "/v1/chat/completions",
+            post(chat).route_layer(admitted.clone()),
+        )
         .route("/v1/completions", post(complete).route_layer(admitted))
         .route("/health", get(|| async { "ok" })); // not admitted
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;

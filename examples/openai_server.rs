@@ -56,8 +56,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tower_admission::detect::OpenAiSse;
-use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
 use tower_admission::http::FirstToken;
+use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
 use tower_admission::{AdmissionArgs, AdmissionLayer, Admitted, Gate, RankExtractor, RankHeader};
 
 use common::{EngineArgs, Plan};
@@ -642,7 +642,11 @@ impl Answer {
 
     /// A whole answer, once the engine has generated every token. Waiting
     /// ends at the first one, not when the whole answer reaches the body.
-    async fn collect(self, mut tokens: TokenStream, first_token: Option<FirstToken>) -> Json<Value> {
+    async fn collect(
+        self,
+        mut tokens: TokenStream,
+        first_token: Option<FirstToken>,
+    ) -> Json<Value> {
         let mut text = String::new();
         let mut generated = 0;
         while let Some(token) = tokens.next_token().await {

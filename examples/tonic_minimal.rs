@@ -9,8 +9,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use tonic::body::Body;
-use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::codegen::BoxFuture;
+use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 use tower_admission::http::BypassPaths;
@@ -48,7 +48,10 @@ impl tower::Service<http::Request<Body>> for Completer {
     type Error = Infallible;
     type Future = BoxFuture<Self::Response, Infallible>;
 
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
         std::task::Poll::Ready(Ok(()))
     }
 
@@ -60,7 +63,11 @@ impl tower::Service<http::Request<Body>> for Completer {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let gate = Gate::new(AdmissionConfig::new().engine_request_limit(4).request_queue_limit(8));
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(4)
+            .request_queue_limit(8),
+    );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<Completer>().await;
 

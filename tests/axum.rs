@@ -412,9 +412,13 @@ async fn unknown_paths_and_wrong_methods_take_no_admission_capacity() {
     assert_eq!(health.status(), StatusCode::OK);
     assert_eq!(gate.snapshot().tally.received, 1);
 
-    let rejected = within(client.post(format!("{}/v1/chat/completions", worker.url)).send())
-        .await
-        .unwrap();
+    let rejected = within(
+        client
+            .post(format!("{}/v1/chat/completions", worker.url))
+            .send(),
+    )
+    .await
+    .unwrap();
     assert_eq!(rejected.status().as_u16(), 529);
 
     drop(stream);

@@ -287,7 +287,10 @@ async fn a_full_worker_answers_529_with_worker_scope() {
         .collect();
     let mut sorted = members.clone();
     sorted.sort_unstable();
-    assert_eq!(sorted, ["code", "message", "param", "rank", "scope", "type"]);
+    assert_eq!(
+        sorted,
+        ["code", "message", "param", "rank", "scope", "type"]
+    );
     assert!(json["error"]["param"].is_null());
     assert_eq!(json.as_object().unwrap().len(), 1, "{json}");
     assert!(
@@ -710,14 +713,20 @@ async fn the_inner_service_learns_the_rank_and_source_of_its_admission() {
     let mut queued = call(&mut service, ranked("/queued", "1"));
     let (req, respond) = next_request(&mut handle);
     let admitted = req.extensions().get::<Admitted>().unwrap();
-    assert_eq!((admitted.rank, admitted.source), (Some(1), AdmitSource::Direct));
+    assert_eq!(
+        (admitted.rank, admitted.source),
+        (Some(1), AdmitSource::Direct)
+    );
     respond.send_response(Response::new(empty_body()));
     drop(assert_ready_ok!(direct.poll()));
 
     assert_pending!(queued.poll());
     let (req, _respond) = next_request(&mut handle);
     let admitted = req.extensions().get::<Admitted>().unwrap();
-    assert_eq!((admitted.rank, admitted.source), (Some(1), AdmitSource::Queue));
+    assert_eq!(
+        (admitted.rank, admitted.source),
+        (Some(1), AdmitSource::Queue)
+    );
 
     // A rank the engine has not reported is counted, and announced, as unranked.
     let mut unranked = call(&mut service, ranked("/unranked", "7"));
@@ -760,7 +769,11 @@ async fn the_default_detector_reads_event_streams_as_openai_events() {
         ))
         .unwrap();
     assert_ready!(poll_frame(&mut body));
-    assert_eq!(gate.snapshot().total, counts(1, 1, 0), "a role chunk is no token");
+    assert_eq!(
+        gate.snapshot().total,
+        counts(1, 1, 0),
+        "a role chunk is no token"
+    );
     frames
         .send(data(
             "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
@@ -771,7 +784,8 @@ async fn the_default_detector_reads_event_streams_as_openai_events() {
 }
 
 #[tokio::test]
-async fn every_admitted_request_carries_a_first_token_that_ends_waiting_before_the_body_is_polled() {
+async fn every_admitted_request_carries_a_first_token_that_ends_waiting_before_the_body_is_polled()
+{
     let gate = gate(1, 0);
     let (mut service, mut handle) = service(&gate);
     handle.allow(1);
@@ -877,13 +891,15 @@ async fn a_closure_can_build_the_whole_overload_response() {
     let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
     let mut service = mock::Spawn::new(
         AdmissionLayer::new(gate.clone())
-            .overload_response(|overloaded: &tower_admission::Overloaded, head: &http::request::Parts| {
-                Response::builder()
-                    .status(503)
-                    .header("x-path", head.uri.path())
-                    .body(Bytes::from(format!("busy: {:?}", overloaded.scope())))
-                    .unwrap()
-            })
+            .overload_response(
+                |overloaded: &tower_admission::Overloaded, head: &http::request::Parts| {
+                    Response::builder()
+                        .status(503)
+                        .header("x-path", head.uri.path())
+                        .body(Bytes::from(format!("busy: {:?}", overloaded.scope())))
+                        .unwrap()
+                },
+            )
             .layer(inner),
     );
     handle.allow(1);
@@ -908,7 +924,10 @@ async fn grpc_web_requests_get_their_own_content_type_back() {
             .body(())
             .unwrap();
         let response = assert_ready_ok!(call(&mut service, grpc_web).poll());
-        assert_eq!(header(response.headers(), "content-type"), Some(content_type));
+        assert_eq!(
+            header(response.headers(), "content-type"),
+            Some(content_type)
+        );
         assert_eq!(header(response.headers(), "grpc-status"), Some("14"));
     }
 }

@@ -13,9 +13,9 @@ use tokio::time::timeout;
 use tonic::Code;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::server::health_reporter;
 use tower::Layer;
 use tower_admission::http::BypassPaths;
@@ -35,7 +35,9 @@ fn one_at_a_time() -> Gate {
 async fn client(addr: SocketAddr) -> HealthClient<Channel> {
     let channel = timeout(
         PATIENCE,
-        Endpoint::from_shared(format!("http://{addr}")).unwrap().connect(),
+        Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect(),
     )
     .await
     .expect("timed out connecting")
@@ -71,13 +73,20 @@ async fn an_admitted_service_is_added_by_its_own_name() {
 
     assert_eq!(check(&mut client).await.unwrap(), ServingStatus::Serving);
     assert_eq!(gate.snapshot().tally.admitted_direct, 1);
-    assert_eq!(gate.snapshot().total.engine_requests, 0, "released at the end");
+    assert_eq!(
+        gate.snapshot().total.engine_requests,
+        0,
+        "released at the end"
+    );
 
     let permit = fill(&gate).await;
     let status = check(&mut client).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert_eq!(
-        status.metadata().get("x-admission-rejection-scope").unwrap(),
+        status
+            .metadata()
+            .get("x-admission-rejection-scope")
+            .unwrap(),
         "worker"
     );
     drop(permit);
@@ -104,7 +113,11 @@ async fn health_checks_bypass_a_gate_around_the_whole_server() {
         let checked = check(&mut client).await;
         if bypass {
             assert_eq!(checked.unwrap(), ServingStatus::Serving);
-            assert_eq!(gate.snapshot().tally.received, 1, "only the filling request");
+            assert_eq!(
+                gate.snapshot().tally.received,
+                1,
+                "only the filling request"
+            );
         } else {
             assert_eq!(checked.unwrap_err().code(), Code::Unavailable);
         }

@@ -13,7 +13,10 @@ use std::fmt;
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
 /// (another JSON value, or not JSON at all).
 pub(super) fn object_ends_waiting(data: &[u8]) -> Option<bool> {
-    let mut deserializer = serde_json::Deserializer::from_slice(data);
+    // Invalid UTF-8 anywhere makes the document invalid JSON. Checking it
+    // once up front is cheaper than `from_slice` checking every string.
+    let data = std::str::from_utf8(data).ok()?;
+    let mut deserializer = serde_json::Deserializer::from_str(data);
     let judged = deserializer.deserialize_any(TopLevel).ok()?;
     deserializer.end().ok()?;
     judged

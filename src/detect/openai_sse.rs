@@ -250,10 +250,7 @@ impl EventParser {
                 }
                 LinePosition::Value => {
                     let rest = &frame[index..];
-                    let len = rest
-                        .iter()
-                        .position(|&byte| byte == b'\r' || byte == b'\n')
-                        .unwrap_or(rest.len());
+                    let len = line_end(rest);
                     let value = &rest[..len];
                     match self.field {
                         Field::Data => {
@@ -339,6 +336,35 @@ impl EventParser {
         self.data.clear();
         ends
     }
+}
+
+/// The index of the first `\r` or `\n` in `bytes`, or its length: eight
+/// bytes at a time, since event data is most of an event stream's bytes.
+fn line_end(bytes: &[u8]) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const CRS: u64 = u64::from_ne_bytes([b'\r'; 8]);
+    const LFS: u64 = u64::from_ne_bytes([b'\n'; 8]);
+    /// The high bit of each zero byte of `word` (and maybe of bytes after
+    /// the first zero one, which do not matter).
+    fn zero_bytes(word: u64) -> u64 {
+        word.wrapping_sub(ONES) & !word & HIGHS
+    }
+    let mut chunks = bytes.chunks_exact(8);
+    let mut start = 0;
+    for chunk in &mut chunks {
+        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        let found = zero_bytes(word ^ CRS) | zero_bytes(word ^ LFS);
+        if found != 0 {
+            return start + (found.trailing_zeros() / 8) as usize;
+        }
+        start += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&byte| byte == b'\r' || byte == b'\n')
+        .map_or(bytes.len(), |offset| start + offset)
 }
 
 /// Whether the data of one dispatched event is output or the end of the

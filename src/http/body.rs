@@ -178,9 +178,7 @@ impl<B, D> fmt::Debug for ResponseBody<B, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut debug = f.debug_struct("ResponseBody");
         match &self.kind {
-            Kind::Admitted { held, .. } => debug
-                .field("admitted", &true)
-                .field("held", held),
+            Kind::Admitted { held, .. } => debug.field("admitted", &true).field("held", held),
             Kind::Overloaded { .. } => debug.field("admitted", &false),
         };
         debug.finish_non_exhaustive()

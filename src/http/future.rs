@@ -83,7 +83,12 @@ impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn admitted(service: S, request: Request<ReqBody>, held: Option<Held>, detector: D) -> Self {
+    pub(crate) fn admitted(
+        service: S,
+        request: Request<ReqBody>,
+        held: Option<Held>,
+        detector: D,
+    ) -> Self {
         ResponseFuture {
             state: State::Ready {
                 service,

@@ -80,7 +80,11 @@ impl Default for OverloadAnswer {
 
 impl OverloadAnswer {
     /// The answer to the rejected request whose head is `request`.
-    pub(crate) fn respond(&self, overloaded: Overloaded, request: &request::Parts) -> Response<Bytes> {
+    pub(crate) fn respond(
+        &self,
+        overloaded: Overloaded,
+        request: &request::Parts,
+    ) -> Response<Bytes> {
         if let Some(build) = &self.build {
             return build(&overloaded, request);
         }
@@ -113,7 +117,8 @@ impl Protocol {
             return Protocol::Http;
         };
         let starts = |prefix: &[u8]| {
-            value.len() >= prefix.len() && value.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix)
+            value.len() >= prefix.len()
+                && value.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix)
         };
         if starts(WEB) {
             Protocol::Grpc(value.clone())
@@ -155,7 +160,11 @@ pub(crate) fn error_json(overloaded: &Overloaded, status: StatusCode) -> serde_j
 }
 
 /// `{"error":{"message":…,"type":"overloaded","param":null,"code":529,"scope":"rank","rank":3}}`.
-fn http_answer(overloaded: Overloaded, status: StatusCode, retry_after: Option<u32>) -> Response<Bytes> {
+fn http_answer(
+    overloaded: Overloaded,
+    status: StatusCode,
+    retry_after: Option<u32>,
+) -> Response<Bytes> {
     let scope = overloaded.scope();
     let json = serde_json::to_vec(&error_json(&overloaded, status))
         .expect("a JSON value always serialises");
@@ -238,7 +247,8 @@ mod tests {
             headers.insert(CONTENT_TYPE, content_type.parse().unwrap());
             Protocol::of(&headers)
         };
-        let grpc = |content_type: &'static str| Protocol::Grpc(HeaderValue::from_static(content_type));
+        let grpc =
+            |content_type: &'static str| Protocol::Grpc(HeaderValue::from_static(content_type));
         assert_eq!(with("application/grpc"), grpc("application/grpc"));
         assert_eq!(with("application/grpc+proto"), grpc("application/grpc"));
         assert_eq!(with("Application/GRPC-web"), grpc("Application/GRPC-web"));

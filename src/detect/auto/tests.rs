@@ -27,7 +27,11 @@ fn grpc_content_types_are_read_as_messages() {
         "APPLICATION/GRPC-WEB+proto",
     ] {
         let mut detector = detector_for(Some(content_type));
-        assert_eq!(detector.on_data(&[0, 0, 0, 0, 2, b'a']), None, "{content_type}");
+        assert_eq!(
+            detector.on_data(&[0, 0, 0, 0, 2, b'a']),
+            None,
+            "{content_type}"
+        );
         assert_eq!(detector.on_data(b"b"), Some(1), "{content_type}");
     }
 }
@@ -59,8 +63,15 @@ fn each_response_starts_afresh() {
     let configured = Auto::new();
     let mut first = configured.clone();
     first.on_response(&head(Some("text/event-stream")));
-    assert_eq!(first.on_data(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n"), None);
+    assert_eq!(
+        first.on_data(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n"),
+        None
+    );
     let mut second = configured.clone();
     second.on_response(&head(Some("text/event-stream")));
-    assert_eq!(second.on_data(b"\n"), None, "the first response's event leaked");
+    assert_eq!(
+        second.on_data(b"\n"),
+        None,
+        "the first response's event leaked"
+    );
 }

@@ -57,6 +57,28 @@ fn assert_ends_waiting(token: &[u8]) {
 }
 
 #[test]
+fn line_ends_are_found_wherever_they_are() {
+    for len in 0..40 {
+        for at in 0..=len {
+            for end in [b'\r', b'\n'] {
+                let mut bytes = vec![b'a'; len];
+                // Bytes that differ from CR and LF in one bit, and 0x80.
+                for (index, byte) in bytes.iter_mut().enumerate() {
+                    *byte = [b'a', 0x0c, 0x0b, 0x8d, 0x8a, 0x80, 0x0e][index % 7];
+                }
+                if at < len {
+                    bytes[at] = end;
+                    if at + 1 < len {
+                        bytes[at + 1] = b'\n';
+                    }
+                }
+                assert_eq!(line_end(&bytes), at, "{bytes:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn comments_and_keep_alives_do_not_end_waiting() {
     assert_interim(b": ping\n\n:\n\n\n\n\r\n\r");
 }
@@ -202,7 +224,9 @@ fn responses_api_output_and_terminal_events_end_waiting() {
     ));
     assert_ends_waiting(&event(r#"{"type":"response.completed","response":{}}"#));
     assert_ends_waiting(&event(r#"{"type":"response.incomplete","response":{}}"#));
-    assert_ends_waiting(&event(r#"{"type":"error","code":"server_error","message":"x"}"#));
+    assert_ends_waiting(&event(
+        r#"{"type":"error","code":"server_error","message":"x"}"#,
+    ));
     assert_ends_waiting(&event(r#"{"type":"response.output_item.done","item":{}}"#));
 }
 
@@ -267,7 +291,10 @@ fn anthropic_message_stop_ends_waiting_as_completion() {
             "message_delta",
             r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":0}}"#,
         ),
-        ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
+        (
+            "content_block_stop",
+            r#"{"type":"content_block_stop","index":0}"#,
+        ),
         (
             "error",
             r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
@@ -334,7 +361,8 @@ fn a_crlf_split_between_frames_ends_one_line() {
 
 #[test]
 fn data_lines_of_one_event_are_joined_with_newlines() {
-    let stream = b"data: {\"choices\":[{\"index\":0,\r\ndata:\"delta\":{\"content\":\ndata: \"Hi\"}}]}\n\n";
+    let stream =
+        b"data: {\"choices\":[{\"index\":0,\r\ndata:\"delta\":{\"content\":\ndata: \"Hi\"}}]}\n\n";
     assert_eq!(
         decide_any_split(&OpenAiSse::new(), stream),
         Some(stream.len())
@@ -385,7 +413,10 @@ fn data_within_the_bound_is_judged_normally() {
         decide_any_split(&detector, b"data: 0123456789abcde\n\n"),
         Some(23)
     );
-    assert_eq!(decide_any_split(&detector, b"data: {\"choices\":[]}\n\n"), None);
+    assert_eq!(
+        decide_any_split(&detector, b"data: {\"choices\":[]}\n\n"),
+        None
+    );
 }
 
 #[test]
@@ -519,9 +550,15 @@ mod value_oracle {
                 | "response.in_progress"
                 | "response.queued"
         ) || (kind.starts_with("response.")
-            && [".added", ".in_progress", ".searching", ".generating", ".interpreting"]
-                .iter()
-                .any(|suffix| kind.ends_with(suffix)));
+            && [
+                ".added",
+                ".in_progress",
+                ".searching",
+                ".generating",
+                ".interpreting",
+            ]
+            .iter()
+            .any(|suffix| kind.ends_with(suffix)));
         if interim {
             false
         } else if kind == "content_block_delta" || kind.ends_with(".delta") {
