@@ -401,9 +401,11 @@ async fn chat(app: App, request: Request) -> Result<Response, ApiError> {
         body.model,
         plan,
         rank,
-        body.stream,
-        body.stream_options,
-        first_token,
+        Delivery {
+            stream: body.stream.unwrap_or(false),
+            stream_options: body.stream_options,
+            first_token,
+        },
     )
     .await
 }
@@ -428,11 +430,23 @@ async fn complete(app: App, request: Request) -> Result<Response, ApiError> {
         body.model,
         plan,
         rank,
-        body.stream,
-        body.stream_options,
-        first_token,
+        Delivery {
+            stream: body.stream.unwrap_or(false),
+            stream_options: body.stream_options,
+            first_token,
+        },
     )
     .await
+}
+
+/// How a request wants its answer.
+struct Delivery {
+    /// As a stream of chunks, rather than one JSON answer.
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    /// The request's admission, marked at the first token of a whole
+    /// answer; `None` without admission control.
+    first_token: Option<FirstToken>,
 }
 
 impl App {
@@ -444,9 +458,7 @@ impl App {
         model: String,
         plan: Plan,
         rank: Option<u32>,
-        stream: Option<bool>,
-        stream_options: Option<StreamOptions>,
-        first_token: Option<FirstToken>,
+        delivery: Delivery,
     ) -> Result<Response, ApiError> {
         let tokens = self.submit(plan, rank)?;
         let id_prefix = match api {
@@ -460,11 +472,14 @@ impl App {
             model,
             plan,
         };
-        if stream.unwrap_or(false) {
-            let include_usage = stream_options.unwrap_or_default().include_usage;
+        if delivery.stream {
+            let include_usage = delivery.stream_options.unwrap_or_default().include_usage;
             Ok(answer.stream(tokens, include_usage).into_response())
         } else {
-            Ok(answer.collect(tokens, first_token).await.into_response())
+            Ok(answer
+                .collect(tokens, delivery.first_token)
+                .await
+                .into_response())
         }
     }
 

@@ -266,7 +266,7 @@ async fn a_buffer_inside_admission_holds_no_reservation_for_queued_requests() {
 
     // The admitted request reaches the engine through the buffer; when it
     // ends, the oldest queued one follows.
-    let (mut first, _) = calls.remove(0);
+    let (first, _) = calls.remove(0);
     let response = first.await.unwrap();
     drop(response);
     assert_eq!(gate.snapshot().total, counts(1, 1, 9));
