@@ -1,8 +1,8 @@
 //! The smallest useful server: an axum route streaming server-sent events
 //! behind admission control, with the crate's default features only.
 //!
-//! Run: `cargo run --example axum_minimal`, then
-//! `curl -N -X POST localhost:3000/v1/chat/completions`. At most 4 requests
+//! Run: `cargo run --example axum_minimal [ADDRESS]` (default
+//! `127.0.0.1:3000`), then `curl -N -X POST localhost:3000/v1/chat/completions`. At most 4 requests
 //! generate at once and 8 wait; the 13th gets `529 Site is overloaded`.
 
 use std::convert::Infallible;
@@ -53,7 +53,8 @@ async fn main() -> std::io::Result<()> {
         )
         .route("/v1/completions", post(complete).route_layer(admitted))
         .route("/health", get(|| async { "ok" })); // not admitted
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    let address = std::env::args().nth(1).unwrap_or("127.0.0.1:3000".into());
+    let listener = tokio::net::TcpListener::bind(address).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await
 }

@@ -1,7 +1,8 @@
 //! The smallest useful gRPC server: one unary method behind admission
 //! control, tonic's health service beside it, bypassing the gate.
 //!
-//! Run: `cargo run --example tonic_minimal`. At most 4 calls run at once
+//! Run: `cargo run --example tonic_minimal [ADDRESS]` (default
+//! `127.0.0.1:50051`). At most 4 calls run at once
 //! and 8 wait; the 13th gets `UNAVAILABLE`, while health checks
 //! (`grpc.health.v1.Health`) always answer.
 
@@ -71,14 +72,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<Completer>().await;
 
-    let address = "127.0.0.1:50051".parse()?;
-    println!("listening on http://{address}");
+    let address = std::env::args().nth(1).unwrap_or("127.0.0.1:50051".into());
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    println!("listening on http://{}", listener.local_addr()?);
     tonic::transport::Server::builder()
         // Around the whole server; health checks and reflection skip the gate.
         .layer(AdmissionLayer::new(gate).bypass(BypassPaths::grpc_health_and_reflection()))
         .add_service(health_service)
         .add_service(Completer)
-        .serve(address)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
         .await?;
     Ok(())
 }
