@@ -1,6 +1,8 @@
 //! Requests that skip admission: [`Bypass`] and the predicates that ship
 //! with the crate.
 
+use std::sync::Arc;
+
 use http::Request;
 
 /// Decides which requests skip the gate entirely: they reach the inner
@@ -49,9 +51,10 @@ impl<B> Bypass<B> for NoBypass {
 }
 
 /// Requests whose path starts with one of the given prefixes skip the gate.
+/// Cloning it (servers clone their services per request) does not allocate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BypassPaths {
-    prefixes: Vec<String>,
+    prefixes: Arc<[String]>,
 }
 
 impl BypassPaths {
