@@ -4,8 +4,9 @@
 //!
 //! * `bare`: the service alone;
 //! * `concurrency_limit`: `tower::limit::ConcurrencyLimit` around it;
-//! * `admission/any_data`: `Admission` with the default detector;
-//! * `admission/openai_sse`: `Admission` with the `OpenAiSse` detector.
+//! * `admission/auto`: `Admission` with the default detector (`Auto`, which
+//!   reads this `text/event-stream` answer with `OpenAiSse`);
+//! * `admission/any_data`: `Admission` with the `AnyData` detector.
 //!
 //! Every future and body here is ready at once, so each iteration is driven
 //! by polling with a no-op waker: what is measured is the middleware, not an
@@ -25,7 +26,7 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use tower::limit::ConcurrencyLimit;
 use tower::{Layer, Service};
-use tower_admission::detect::OpenAiSse;
+use tower_admission::detect::AnyData;
 use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
 
 const EVENTS: usize = 20;
@@ -128,15 +129,15 @@ fn streaming_request(c: &mut Criterion) {
 
     let gate = Gate::new(AdmissionConfig::new());
     let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat);
-    group.bench_function("admission/any_data", |b| {
+    group.bench_function("admission/auto", |b| {
         b.iter(|| black_box(one_request(&mut admission)))
     });
 
-    let mut admission_sse = AdmissionLayer::new(gate.clone())
-        .detector(OpenAiSse::default())
+    let mut admission_any = AdmissionLayer::new(gate.clone())
+        .detector(AnyData)
         .layer(Chat);
-    group.bench_function("admission/openai_sse", |b| {
-        b.iter(|| black_box(one_request(&mut admission_sse)))
+    group.bench_function("admission/any_data", |b| {
+        b.iter(|| black_box(one_request(&mut admission_any)))
     });
 
     group.finish();
@@ -150,8 +151,8 @@ fn interleaved() {
     let mut bare = Chat;
     let mut limited = ConcurrencyLimit::new(Chat, 10_000);
     let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat);
-    let mut admission_sse = AdmissionLayer::new(gate.clone())
-        .detector(OpenAiSse::default())
+    let mut admission_any = AdmissionLayer::new(gate.clone())
+        .detector(AnyData)
         .layer(Chat);
     support::print_table(
         "one 20-event SSE request",
@@ -162,11 +163,11 @@ fn interleaved() {
             ("tower ConcurrencyLimit", &mut || {
                 black_box(one_request(&mut limited));
             }),
-            ("Admission, AnyData detector", &mut || {
+            ("Admission, default detector (Auto: OpenAiSse)", &mut || {
                 black_box(one_request(&mut admission));
             }),
-            ("Admission, OpenAiSse detector", &mut || {
-                black_box(one_request(&mut admission_sse));
+            ("Admission, AnyData detector", &mut || {
+                black_box(one_request(&mut admission_any));
             }),
         ],
     );

@@ -9,7 +9,9 @@
 //! events when `"stream": true`, JSON otherwise), `GET /metrics` (Prometheus
 //! text: the gate's series and the simulated engine's) and `GET /health`.
 //! Both generation routes share one gate; its waiting capacity ends at the
-//! first chunk that carries a token ([`OpenAiSse`]), and the rank comes from
+//! first chunk that carries a token ([`OpenAiSse`]) or, for a whole JSON
+//! answer, when the engine generates the first token (the handler marks the
+//! request's [`FirstToken`]), and the rank comes from
 //! the `x-data-parallel-rank` header. `/metrics` and `/health` sit outside
 //! the gate: an overloaded worker still answers its probes.
 //!
@@ -55,6 +57,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tower_admission::detect::OpenAiSse;
 use tower_admission::http::OpenAiCostLayer;
+use tower_admission::http::FirstToken;
 use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
 use tower_admission::{AdmissionArgs, AdmissionLayer, Admitted, Gate, RankExtractor, RankHeader};
 
@@ -391,6 +394,7 @@ async fn chat_completions(State(app): State<App>, request: Request) -> Response 
 
 async fn chat(app: App, request: Request) -> Result<Response, ApiError> {
     let rank = app.engine_rank(&request);
+    let first_token = request.extensions().get::<FirstToken>().cloned();
     let body: ChatRequest = read_json(request).await?;
     single_choice(body.n)?;
     if body.messages.is_empty() {
@@ -408,8 +412,11 @@ async fn chat(app: App, request: Request) -> Result<Response, ApiError> {
         body.model,
         plan,
         rank,
-        body.stream,
-        body.stream_options,
+        Delivery {
+            stream: body.stream.unwrap_or(false),
+            stream_options: body.stream_options,
+            first_token,
+        },
     )
     .await
 }
@@ -422,6 +429,7 @@ async fn completions(State(app): State<App>, request: Request) -> Response {
 
 async fn complete(app: App, request: Request) -> Result<Response, ApiError> {
     let rank = app.engine_rank(&request);
+    let first_token = request.extensions().get::<FirstToken>().cloned();
     let body: CompletionRequest = read_json(request).await?;
     single_choice(body.n)?;
     let plan = app
@@ -433,10 +441,23 @@ async fn complete(app: App, request: Request) -> Result<Response, ApiError> {
         body.model,
         plan,
         rank,
-        body.stream,
-        body.stream_options,
+        Delivery {
+            stream: body.stream.unwrap_or(false),
+            stream_options: body.stream_options,
+            first_token,
+        },
     )
     .await
+}
+
+/// How a request wants its answer.
+struct Delivery {
+    /// As a stream of chunks, rather than one JSON answer.
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    /// The request's admission, marked at the first token of a whole
+    /// answer; `None` without admission control.
+    first_token: Option<FirstToken>,
 }
 
 impl App {
@@ -448,8 +469,7 @@ impl App {
         model: String,
         plan: Plan,
         rank: Option<u32>,
-        stream: Option<bool>,
-        stream_options: Option<StreamOptions>,
+        delivery: Delivery,
     ) -> Result<Response, ApiError> {
         let tokens = self.submit(plan, rank)?;
         let id_prefix = match api {
@@ -463,11 +483,14 @@ impl App {
             model,
             plan,
         };
-        if stream.unwrap_or(false) {
-            let include_usage = stream_options.unwrap_or_default().include_usage;
+        if delivery.stream {
+            let include_usage = delivery.stream_options.unwrap_or_default().include_usage;
             Ok(answer.stream(tokens, include_usage).into_response())
         } else {
-            Ok(answer.collect(tokens).await.into_response())
+            Ok(answer
+                .collect(tokens, delivery.first_token)
+                .await
+                .into_response())
         }
     }
 
@@ -643,11 +666,19 @@ impl Answer {
         })
     }
 
-    /// A whole answer, once the engine has generated every token.
-    async fn collect(self, mut tokens: TokenStream) -> Json<Value> {
+    /// A whole answer, once the engine has generated every token. Waiting
+    /// ends at the first one, not when the whole answer reaches the body.
+    async fn collect(
+        self,
+        mut tokens: TokenStream,
+        first_token: Option<FirstToken>,
+    ) -> Json<Value> {
         let mut text = String::new();
         let mut generated = 0;
         while let Some(token) = tokens.next_token().await {
+            if let Some(first_token) = &first_token {
+                first_token.mark();
+            }
             text.push_str(&common::token_text(token.index));
             generated += 1;
         }

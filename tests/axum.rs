@@ -95,19 +95,24 @@ struct Worker {
 }
 
 impl Worker {
-    /// Serves two generation routes behind one admission layer, and a
-    /// health check added after it.
+    /// Serves two generation routes behind one admission layer, applied to
+    /// each route's method router with `route_layer` as the docs advise,
+    /// and a health check without it.
     async fn start(gate: Gate, layer: AdmissionLayer<OpenAiSse, RankHeader>) -> Worker {
         let (started_tx, started) = mpsc::unbounded_channel();
         let (decided_tx, decided) = mpsc::unbounded_channel();
-        let app = Router::new()
-            .route("/v1/chat/completions", post(generate))
-            .route("/v1/completions", post(generate))
-            .layer(layer)
+        let admitted = tower::ServiceBuilder::new()
             .layer(tower::layer::layer_fn(move |inner| Announce {
                 inner,
                 decided: decided_tx.clone(),
             }))
+            .layer(layer);
+        let app = Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(generate).route_layer(admitted.clone()),
+            )
+            .route("/v1/completions", post(generate).route_layer(admitted))
             .route("/health", get(|| async { "ok" }))
             .with_state(Engine {
                 started: started_tx,
@@ -370,6 +375,47 @@ async fn the_status_line_says_the_site_is_overloaded() {
         "{answer}"
     );
     assert!(answer.contains(r#""type":"overloaded""#), "{answer}");
+
+    drop(stream);
+    within(busy.bytes()).await.unwrap();
+    assert_eq!(worker.total(), counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn unknown_paths_and_wrong_methods_take_no_admission_capacity() {
+    let gate = unranked_gate(1, 0);
+    let mut worker = Worker::start(gate.clone(), layer(&gate)).await;
+    let client = reqwest::Client::new();
+    let busy = within(client.post(format!("{}/v1/completions", worker.url)).send())
+        .await
+        .unwrap();
+    let stream = worker.next_started().await;
+    assert_eq!(worker.total(), counts(1, 1, 0));
+
+    // The worker is full, yet a wrong path gets 404 and a wrong method 405,
+    // not an overload answer, and the gate never hears of them.
+    let not_found = within(client.post(format!("{}/v1/nothing", worker.url)).send())
+        .await
+        .unwrap();
+    assert_eq!(not_found.status(), StatusCode::NOT_FOUND);
+    let wrong_method = within(client.get(format!("{}/v1/completions", worker.url)).send())
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let health = within(client.get(format!("{}/health", worker.url)).send())
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    assert_eq!(gate.snapshot().tally.received, 1);
+
+    let rejected = within(
+        client
+            .post(format!("{}/v1/chat/completions", worker.url))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rejected.status().as_u16(), 529);
 
     drop(stream);
     within(busy.bytes()).await.unwrap();

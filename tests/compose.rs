@@ -216,7 +216,7 @@ async fn load_shedding_outside_admission_leaves_overloads_to_the_gate() {
         .call(Request::new(()))
         .await
         .unwrap();
-    // The inner service is ready, so nothing is shed; the gate answers the
+    // Admission is always ready, so nothing is shed; the gate answers the
     // overload as a response a client understands, not as an error.
     let mut ready = task::spawn(poll_fn(|cx| stack.poll_ready(cx)));
     assert_ready!(ready.poll()).unwrap();
@@ -224,4 +224,48 @@ async fn load_shedding_outside_admission_leaves_overloads_to_the_gate() {
     let response = stack.call(Request::new(())).await.unwrap();
     assert_eq!(response.status().as_u16(), 529);
     assert_eq!(response.headers()["x-admission-rejection-scope"], "worker");
+}
+
+#[tokio::test]
+async fn a_buffer_inside_admission_holds_no_reservation_for_queued_requests() {
+    // The gate admits one and queues ten; the buffer inside has two slots.
+    // Were the buffer's readiness held by queued requests, the fourth call
+    // would stall in `poll_ready`, unseen by the gate.
+    let gate = gate(1, 10);
+    let (engine, _streams) = engine();
+    let mut stack = ServiceBuilder::new()
+        .layer(AdmissionLayer::new(gate.clone()))
+        .buffer(2)
+        .service(engine);
+
+    let mut calls = Vec::new();
+    for n in 0..12 {
+        let mut ready = task::spawn(poll_fn(|cx| stack.poll_ready(cx)));
+        assert!(ready.poll().is_ready(), "call {n} stalled in poll_ready");
+        drop(ready);
+        let mut call = task::spawn(stack.call(Request::new(())));
+        let polled = call.poll();
+        calls.push((call, polled));
+    }
+    assert_eq!(gate.snapshot().total, counts(1, 1, 10));
+    let answered: Vec<u16> = calls
+        .iter()
+        .filter_map(|(_, polled)| match polled {
+            std::task::Poll::Ready(Ok(response)) => Some(response.status().as_u16()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answered, [529], "one answered at once, with an overload");
+    assert!(calls[11].1.is_ready(), "the twelfth is the one rejected");
+    let tally = gate.snapshot().tally;
+    assert_eq!((tally.received, tally.rejected_worker), (12, 1));
+
+    // The admitted request reaches the engine through the buffer; when it
+    // ends, the oldest queued one follows.
+    let (first, _) = calls.remove(0);
+    let response = first.await.unwrap();
+    drop(response);
+    assert_eq!(gate.snapshot().total, counts(1, 1, 9));
+    let (second, _) = calls.remove(0);
+    let _second = second.await.unwrap();
 }

@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use tower_admission::FirstTokenDetector;
-use tower_admission::detect::{AnyData, Grpc, OpenAiSse};
+use tower_admission::detect::{AnyData, Auto, Grpc, OpenAiSse};
 
 fn config() -> ProptestConfig {
     ProptestConfig::with_cases(512)
@@ -117,6 +117,12 @@ fn interim_payload() -> impl Strategy<Value = String> {
         r#"{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":0,"total_tokens":12}}"#.to_owned(),
         r#"{"id":"c","object":"text_completion","choices":[{"index":0,"text":"","finish_reason":null}]}"#.to_owned(),
         r#"{"type":"response.created","response":{"id":"r","status":"in_progress"}}"#.to_owned(),
+        r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"message","content":[]}}"#.to_owned(),
+        r#"{"type":"response.output_text.delta","item_id":"m","delta":""}"#.to_owned(),
+        r#"{"type":"message_start","message":{"id":"msg","role":"assistant","content":[]}}"#.to_owned(),
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.to_owned(),
+        r#"{"type":"ping"}"#.to_owned(),
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}"#.to_owned(),
         String::new(),
     ])
 }
@@ -137,6 +143,10 @@ fn token_payload() -> impl Strategy<Value = String> {
         r#"{"error":{"message":"engine failed","type":"InternalServerError","code":500}}"#.to_owned(),
         r#"{"object":"error","message":"bad","type":"BadRequestError","code":400}"#.to_owned(),
         r#"{"type":"response.output_text.delta","item_id":"m","delta":"Hi"}"#.to_owned(),
+        r#"{"type":"response.completed","response":{"id":"r","status":"completed"}}"#.to_owned(),
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#.to_owned(),
+        r#"{"type":"message_stop"}"#.to_owned(),
+        r#"{"token":{"id":1,"text":"Hi"}}"#.to_owned(),
         "[DONE]".to_owned(),
         "plain text".to_owned(),
     ]);
@@ -346,5 +356,30 @@ proptest! {
     ) {
         let head = content_type.map(head);
         decide_split(&Grpc::new(), head.as_ref(), &bytes, &cuts)?;
+    }
+
+    #[test]
+    fn auto_decides_as_the_detector_its_content_type_chooses(
+        bytes in sse_like_bytes(),
+        cuts in cuts(),
+        content_type in select(vec![
+            "text/event-stream",
+            "text/event-stream; charset=utf-8",
+            "application/grpc",
+            "application/grpc-web+proto",
+            "application/json",
+            "text/plain",
+        ]),
+    ) {
+        let head = head(content_type);
+        let auto = decide_split(&Auto::new(), Some(&head), &bytes, &cuts)?;
+        let chosen = if content_type.starts_with("text/event-stream") {
+            decide(&OpenAiSse::new(), Some(&head), &[&bytes])?
+        } else if content_type.starts_with("application/grpc") {
+            decide(&Grpc::new(), Some(&head), &[&bytes])?
+        } else {
+            decide(&AnyData, Some(&head), &[&bytes])?
+        };
+        prop_assert_eq!(auto, chosen);
     }
 }

@@ -16,7 +16,7 @@ use tokio_test::{assert_pending, assert_ready, assert_ready_err, assert_ready_ok
 use tower::{BoxError, Layer};
 use tower_admission::FirstTokenDetector;
 use tower_admission::detect::OpenAiSse;
-use tower_admission::http::{Admission, ResponseBody};
+use tower_admission::http::{Admission, BypassPaths, FirstToken, ResponseBody};
 use tower_admission::{
     AdmissionConfig, AdmissionLayer, AdmitSource, Admitted, Counts, DataParallelRank,
     EngineCapacity, Gate, RankExtension, RankHeader,
@@ -76,14 +76,42 @@ fn service(gate: &Gate) -> (Service, Handle) {
     )
 }
 
-/// Calls `service` with `req` after driving it to readiness.
-fn call<S, B>(service: &mut mock::Spawn<S>, req: Request<B>) -> task::Spawn<S::Future>
+/// A called request's response future, polled once as soon as it was made,
+/// the way a server polls it: an admitted request reaches the inner service
+/// on that first poll.
+struct Call<F: std::future::Future> {
+    task: task::Spawn<F>,
+    /// What the first poll returned, if it was ready.
+    early: Option<F::Output>,
+}
+
+impl<F: std::future::Future> Call<F> {
+    fn poll(&mut self) -> Poll<F::Output> {
+        match self.early.take() {
+            Some(output) => Poll::Ready(output),
+            None => self.task.poll(),
+        }
+    }
+
+    fn is_woken(&self) -> bool {
+        self.task.is_woken()
+    }
+}
+
+/// Calls `service` with `req` after driving it to readiness, and polls the
+/// response future once.
+fn call<S, B>(service: &mut mock::Spawn<S>, req: Request<B>) -> Call<S::Future>
 where
     S: tower::Service<Request<B>>,
     S::Error: std::fmt::Debug,
 {
     assert_ready_ok!(service.poll_ready());
-    task::spawn(service.call(req))
+    let mut task = task::spawn(service.call(req));
+    let early = match task.poll() {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
+    };
+    Call { task, early }
 }
 
 /// The next request the inner service received, with the means to answer it.
@@ -109,29 +137,44 @@ fn poll_frame<D: FirstTokenDetector + Unpin>(body: &mut ResponseBody<Body, D>) -
 }
 
 #[tokio::test]
-async fn poll_ready_is_the_inner_services_readiness() {
-    let gate = gate(1, 0);
+async fn admission_is_always_ready_and_an_admitted_request_waits_for_the_inner_service() {
+    let gate = gate(1, 1);
     let (mut service, mut handle) = service(&gate);
 
+    // The inner service is not ready: admission still is, and decides.
     handle.allow(0);
-    assert_pending!(service.poll_ready());
-
-    handle.allow(1);
-    assert!(service.is_woken());
     assert_ready_ok!(service.poll_ready());
-
-    // Readiness alone never reaches the gate.
     assert_eq!(gate.snapshot().tally.received, 0);
+    let mut admitted = call(&mut service, request("/1"));
+    let mut queued = call(&mut service, request("/2"));
+    let mut rejected = call(&mut service, request("/3"));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 1));
+    let response = assert_ready_ok!(rejected.poll());
+    assert_eq!(response.status().as_u16(), 529);
+    no_request(&mut handle);
+
+    // Only the admitted request waits for the inner service, counted as
+    // admitted while it does.
+    handle.allow(1);
+    assert!(admitted.is_woken());
+    assert_pending!(admitted.poll());
+    let (req, _respond) = next_request(&mut handle);
+    assert_eq!(req.uri(), "/1");
+    assert_pending!(queued.poll());
+    no_request(&mut handle);
 }
 
 #[tokio::test]
-async fn readiness_errors_pass_through_unchanged() {
+async fn readiness_errors_come_out_of_the_response_future_and_release_the_permit() {
     let gate = gate(1, 0);
     let (mut service, mut handle) = service(&gate);
+    handle.allow(0);
+    let mut future = call(&mut service, request("/"));
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
     handle.send_error("inner service is gone");
-    let err = assert_ready_err!(service.poll_ready());
+    let err = assert_ready_err!(future.poll());
     assert_eq!(err.to_string(), "inner service is gone");
-    assert_eq!(gate.snapshot().tally.received, 0);
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
 }
 
 #[tokio::test]
@@ -177,27 +220,6 @@ async fn queued_requests_reach_the_inner_service_in_call_order() {
     let (req, _respond) = next_request(&mut handle);
     assert_eq!(req.uri(), "/3");
     no_request(&mut handle);
-}
-
-#[tokio::test]
-async fn a_queued_request_holds_the_readied_inner_service_until_admitted() {
-    // The mock serves one call per `poll_ready`: the queued call must use the
-    // clone that was made ready, not the fresh one left in the service.
-    let gate = gate(1, 1);
-    let (mut service, mut handle) = service(&gate);
-    handle.allow(2);
-
-    let first = call(&mut service, request("/1"));
-    let mut second = call(&mut service, request("/2"));
-    let (_, respond) = next_request(&mut handle);
-    assert_pending!(second.poll());
-    no_request(&mut handle);
-    drop(first);
-    drop(respond);
-    assert!(second.is_woken());
-    assert_pending!(second.poll());
-    let (req, _) = next_request(&mut handle);
-    assert_eq!(req.uri(), "/2");
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -251,6 +273,22 @@ async fn a_full_worker_answers_529_with_worker_scope() {
     assert_eq!(json["error"]["code"], 529);
     assert_eq!(json["error"]["scope"], "worker");
     assert_eq!(json["error"]["rank"], serde_json::Value::Null);
+    // The OpenAI error object, `param` included, with scope and rank as
+    // extra members and nothing else.
+    let members: Vec<&str> = json["error"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut sorted = members.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        ["code", "message", "param", "rank", "scope", "type"]
+    );
+    assert!(json["error"]["param"].is_null());
+    assert_eq!(json.as_object().unwrap().len(), 1, "{json}");
     assert!(
         json["error"]["message"]
             .as_str()
@@ -670,24 +708,20 @@ async fn the_inner_service_learns_the_rank_and_source_of_its_admission() {
     let mut direct = call(&mut service, ranked("/direct", "1"));
     let mut queued = call(&mut service, ranked("/queued", "1"));
     let (req, respond) = next_request(&mut handle);
+    let admitted = req.extensions().get::<Admitted>().unwrap();
     assert_eq!(
-        req.extensions().get::<Admitted>(),
-        Some(&Admitted {
-            rank: Some(1),
-            source: AdmitSource::Direct
-        })
+        (admitted.rank, admitted.source),
+        (Some(1), AdmitSource::Direct)
     );
     respond.send_response(Response::new(empty_body()));
     drop(assert_ready_ok!(direct.poll()));
 
     assert_pending!(queued.poll());
     let (req, _respond) = next_request(&mut handle);
+    let admitted = req.extensions().get::<Admitted>().unwrap();
     assert_eq!(
-        req.extensions().get::<Admitted>(),
-        Some(&Admitted {
-            rank: Some(1),
-            source: AdmitSource::Queue
-        })
+        (admitted.rank, admitted.source),
+        (Some(1), AdmitSource::Queue)
     );
 
     // A rank the engine has not reported is counted, and announced, as unranked.
@@ -695,4 +729,230 @@ async fn the_inner_service_learns_the_rank_and_source_of_its_admission() {
     let (req, _respond) = next_request(&mut handle);
     assert_eq!(req.extensions().get::<Admitted>().unwrap().rank, None);
     assert_pending!(unranked.poll());
+}
+
+/// A request to `service` answered by an SSE body the test controls.
+async fn sse_response<S>(
+    service: &mut mock::Spawn<S>,
+    handle: &mut Handle,
+) -> (Frames, S::Response, FirstToken)
+where
+    S: tower::Service<Request<()>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut future = call(service, request("/v1/chat/completions"));
+    let (req, respond) = next_request(handle);
+    let first_token = req.extensions().get::<FirstToken>().unwrap().clone();
+    let (frames, body) = streaming_body();
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    respond.send_response(response);
+    (frames, assert_ready_ok!(future.poll()), first_token)
+}
+
+#[tokio::test]
+async fn the_default_detector_reads_event_streams_as_openai_events() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(1);
+    let (frames, response, _) = sse_response(&mut service, &mut handle).await;
+    let mut body = response.into_body();
+    frames
+        .send(data(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+        ))
+        .unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_eq!(
+        gate.snapshot().total,
+        counts(1, 1, 0),
+        "a role chunk is no token"
+    );
+    frames
+        .send(data(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+        ))
+        .unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+}
+
+#[tokio::test]
+async fn every_admitted_request_carries_a_first_token_that_ends_waiting_before_the_body_is_polled()
+{
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(1);
+    let mut future = call(&mut service, request("/v1/completions"));
+    let (req, respond) = next_request(&mut handle);
+    let first_token = req.extensions().get::<FirstToken>().unwrap().clone();
+    assert!(!first_token.is_marked());
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+
+    // The handler marks it before it has even answered.
+    first_token.mark();
+    assert!(first_token.is_marked());
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+    first_token.clone().mark();
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0), "mark is idempotent");
+
+    let (frames, body) = streaming_body();
+    respond.send_response(Response::new(body));
+    let mut body = assert_ready_ok!(future.poll()).into_body();
+    frames.send(data("{\"whole\":\"answer\"}")).unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+    drop(frames);
+    assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+
+    // After the response ended a kept clone holds nothing and does nothing.
+    first_token.mark();
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+    drop(body);
+    drop(first_token);
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_first_token_kept_by_the_handler_does_not_keep_the_request() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(1);
+    let mut future = call(&mut service, request("/"));
+    let (req, respond) = next_request(&mut handle);
+    let kept = req.extensions().get::<FirstToken>().unwrap().clone();
+    let (frames, body) = streaming_body();
+    respond.send_response(Response::new(body));
+    let body = assert_ready_ok!(future.poll()).into_body();
+    drop(frames);
+    // The client went away: everything is released though `kept` lives on.
+    drop(body);
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+    assert!(kept.is_marked());
+    kept.mark();
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn marking_after_the_detector_ended_waiting_changes_nothing() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(1);
+    let (frames, response, first_token) = sse_response(&mut service, &mut handle).await;
+    let mut body = response.into_body();
+    frames.send(data("data: [DONE]\n\n")).unwrap();
+    assert_ready!(poll_frame(&mut body));
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+    assert!(first_token.is_marked());
+    first_token.mark();
+    assert_eq!(gate.snapshot().total, counts(1, 0, 0));
+    drop(frames);
+    assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
+    assert_eq!(gate.snapshot().total, counts(0, 0, 0));
+}
+
+#[tokio::test]
+async fn retry_after_is_configurable_or_absent() {
+    for (setting, expected) in [(Some(7), Some("7")), (None, None)] {
+        let gate = gate(1, 0);
+        let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+        let mut service = mock::Spawn::new(
+            AdmissionLayer::new(gate.clone())
+                .retry_after(setting)
+                .layer(inner),
+        );
+        handle.allow(1);
+        let _admitted = call(&mut service, request("/"));
+        let response = assert_ready_ok!(call(&mut service, request("/")).poll());
+        assert_eq!(header(response.headers(), "retry-after"), expected);
+        let grpc = Request::builder()
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let response = assert_ready_ok!(call(&mut service, grpc).poll());
+        let pushback = expected.map(|seconds| format!("{seconds}000"));
+        assert_eq!(
+            header(response.headers(), "grpc-retry-pushback-ms"),
+            pushback.as_deref()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_closure_can_build_the_whole_overload_response() {
+    let gate = gate(1, 0);
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .overload_response(
+                |overloaded: &tower_admission::Overloaded, head: &http::request::Parts| {
+                    Response::builder()
+                        .status(503)
+                        .header("x-path", head.uri.path())
+                        .body(Bytes::from(format!("busy: {:?}", overloaded.scope())))
+                        .unwrap()
+                },
+            )
+            .layer(inner),
+    );
+    handle.allow(1);
+    let _admitted = call(&mut service, request("/"));
+    let response = assert_ready_ok!(call(&mut service, request("/mine")).poll());
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(header(response.headers(), "x-path"), Some("/mine"));
+    assert_eq!(header(response.headers(), "retry-after"), None);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(bytes, "busy: Worker");
+}
+
+#[tokio::test]
+async fn grpc_web_requests_get_their_own_content_type_back() {
+    let gate = gate(1, 0);
+    let (mut service, mut handle) = service(&gate);
+    handle.allow(1);
+    let _admitted = call(&mut service, request("/"));
+    for content_type in ["application/grpc-web", "application/grpc-web-text+proto"] {
+        let grpc_web = Request::builder()
+            .header("content-type", content_type)
+            .body(())
+            .unwrap();
+        let response = assert_ready_ok!(call(&mut service, grpc_web).poll());
+        assert_eq!(
+            header(response.headers(), "content-type"),
+            Some(content_type)
+        );
+        assert_eq!(header(response.headers(), "grpc-status"), Some("14"));
+    }
+}
+
+#[tokio::test]
+async fn bypassed_requests_skip_the_gate() {
+    let gate = gate(1, 0);
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .bypass(BypassPaths::grpc_health_and_reflection())
+            .layer(inner),
+    );
+    handle.allow(3);
+    let _admitted = call(&mut service, request("/llm.Generator/Generate"));
+    let _ = next_request(&mut handle);
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+
+    // The worker is full, yet health checks reach the inner service,
+    // uncounted, without extensions.
+    let mut health = call(&mut service, request("/grpc.health.v1.Health/Check"));
+    let (req, respond) = next_request(&mut handle);
+    assert_eq!(req.uri(), "/grpc.health.v1.Health/Check");
+    assert!(req.extensions().get::<FirstToken>().is_none());
+    respond.send_response(Response::new(empty_body()));
+    let _ = assert_ready_ok!(health.poll());
+    assert_eq!(gate.snapshot().total, counts(1, 1, 0));
+    assert_eq!(gate.snapshot().tally.received, 1);
+
+    let rejected = assert_ready_ok!(call(&mut service, request("/llm.Generator/Generate")).poll());
+    assert_eq!(rejected.status().as_u16(), 529);
 }

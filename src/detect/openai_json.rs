@@ -13,7 +13,10 @@ use std::fmt;
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
 /// (another JSON value, or not JSON at all).
 pub(super) fn object_ends_waiting(data: &[u8]) -> Option<bool> {
-    let mut deserializer = serde_json::Deserializer::from_slice(data);
+    // Invalid UTF-8 anywhere makes the document invalid JSON. Checking it
+    // once up front is cheaper than `from_slice` checking every string.
+    let data = std::str::from_utf8(data).ok()?;
+    let mut deserializer = serde_json::Deserializer::from_str(data);
     let judged = deserializer.deserialize_any(TopLevel).ok()?;
     deserializer.end().ok()?;
     judged
@@ -72,7 +75,7 @@ impl<'de> Visitor<'de> for TopLevel {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<bool>, A::Error> {
         let mut error = false;
         let mut object_is_error = false;
-        let mut choices = false;
+        let mut choices = None;
         let mut kind = Kind::default();
         let mut delta = false;
         while let Some(key) =
@@ -83,14 +86,22 @@ impl<'de> Visitor<'de> for TopLevel {
                 Some(1) => object_is_error = map.next_value_seed(StrIs("error"))?,
                 Some(2) => choices = map.next_value_seed(Choices)?,
                 Some(3) => kind = map.next_value_seed(KindOf)?,
-                Some(4) => delta = map.next_value_seed(Something)?,
+                Some(4) => delta = map.next_value_seed(Payload)?,
                 _ => skip(&mut map)?,
             }
         }
-        // The Responses API names its events in `type`: output comes in
-        // `*.delta` events, and the answer ends in a terminal one.
-        let response_event = kind.terminal || (kind.delta && delta);
-        Ok(Some(error || object_is_error || choices || response_event))
+        let ends = match kind {
+            // Events named in `type` (the Responses API, Anthropic's
+            // Messages API): interim when listed as such, or a delta
+            // without payload; any other event ends waiting.
+            Kind::Interim => false,
+            Kind::Delta => delta,
+            Kind::Other => true,
+            // A chat or completion chunk: its choices decide. Anything else
+            // is not recognisably interim.
+            Kind::Unnamed => choices.unwrap_or(true),
+        };
+        Ok(Some(error || object_is_error || ends))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<bool>, A::Error> {
@@ -198,13 +209,57 @@ impl<'de> Visitor<'de> for StrIs {
     }
 }
 
-/// What a Responses API event's `type` says.
-#[derive(Debug, Default, Clone, Copy)]
-struct Kind {
-    /// The answer is over: completed, incomplete, failed, or an error.
-    terminal: bool,
-    /// An `*.delta` event: output if its `delta` carries something.
-    delta: bool,
+/// What an event's `type` says.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// No `type`, or one that is not a string.
+    #[default]
+    Unnamed,
+    /// An event listed as interim metadata.
+    Interim,
+    /// A delta event: output if its `delta` carries a payload.
+    Delta,
+    /// Any other event.
+    Other,
+}
+
+/// Events that are interim metadata, by their `type`: Anthropic's
+/// `message_start`, `content_block_start` and `ping`, and the Responses
+/// API's lifecycle events.
+pub(super) const INTERIM_EVENTS: [&str; 6] = [
+    "message_start",
+    "content_block_start",
+    "ping",
+    "response.created",
+    "response.in_progress",
+    "response.queued",
+];
+
+/// Responses API events (`response.…`) that are interim metadata, by the
+/// end of their `type`: an output item or content part announced empty, a
+/// built-in tool's progress.
+pub(super) const INTERIM_RESPONSE_SUFFIXES: [&str; 5] = [
+    ".added",
+    ".in_progress",
+    ".searching",
+    ".generating",
+    ".interpreting",
+];
+
+/// What the event named `kind` is.
+fn kind_of(kind: &str) -> Kind {
+    if INTERIM_EVENTS.contains(&kind)
+        || (kind.starts_with("response.")
+            && INTERIM_RESPONSE_SUFFIXES
+                .iter()
+                .any(|suffix| kind.ends_with(suffix)))
+    {
+        Kind::Interim
+    } else if kind == "content_block_delta" || kind.ends_with(".delta") {
+        Kind::Delta
+    } else {
+        Kind::Other
+    }
 }
 
 struct KindOf;
@@ -225,28 +280,23 @@ impl<'de> Visitor<'de> for KindOf {
     }
 
     fn visit_str<E>(self, kind: &str) -> Result<Kind, E> {
-        Ok(Kind {
-            terminal: matches!(
-                kind,
-                "response.completed" | "response.incomplete" | "response.failed" | "error"
-            ),
-            delta: kind.ends_with(".delta"),
-        })
+        Ok(kind_of(kind))
     }
-    scalars_answer!(Kind::default());
+    scalars_answer!(Kind::Unnamed);
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Kind, A::Error> {
-        Something.visit_seq(seq).map(|_| Kind::default())
+        Something.visit_seq(seq).map(|_| Kind::Unnamed)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Kind, A::Error> {
-        Something.visit_map(map).map(|_| Kind::default())
+        Something.visit_map(map).map(|_| Kind::Unnamed)
     }
 }
 
-/// `choices`: whether any choice carries output or a finish reason. Only an
-/// array can; any other value is drained and says no.
-struct Choices;
+/// An event's `delta`: whether it carries a payload. A string or array
+/// does when not empty; an object (Anthropic's `{"type":"text_delta",
+/// "text":"…"}`) when a member other than `type` carries something.
+struct Payload;
 
-impl<'de> DeserializeSeed<'de> for Choices {
+impl<'de> DeserializeSeed<'de> for Payload {
     type Value = bool;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
@@ -254,28 +304,66 @@ impl<'de> DeserializeSeed<'de> for Choices {
     }
 }
 
-impl<'de> Visitor<'de> for Choices {
+impl<'de> Visitor<'de> for Payload {
     type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+    scalars_answer!(true, false);
+    fn visit_str<E>(self, text: &str) -> Result<bool, E> {
+        Ok(!text.is_empty())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        Something.visit_seq(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut any = false;
+        while let Some(key) = map.next_key_seed(KeyIs(&["type"]))? {
+            match key {
+                Some(_) => skip(&mut map)?,
+                None => any |= map.next_value_seed(Something)?,
+            }
+        }
+        Ok(any)
+    }
+}
+
+/// `choices`: for an array, whether any choice carries output or a finish
+/// reason; `None` for any other value, which is drained.
+struct Choices;
+
+impl<'de> DeserializeSeed<'de> for Choices {
+    type Value = Option<bool>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<bool>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Choices {
+    type Value = Option<bool>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<bool>, A::Error> {
         let mut any = false;
         while let Some(ends) = seq.next_element_seed(Choice)? {
             any |= ends;
         }
-        Ok(any)
+        Ok(Some(any))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
-        Something.visit_map(map).map(|_| false)
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<bool>, A::Error> {
+        Something.visit_map(map).map(|_| None)
     }
-    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
-        Ok(false)
+    fn visit_str<E>(self, _: &str) -> Result<Option<bool>, E> {
+        Ok(None)
     }
-    scalars_answer!(false);
+    scalars_answer!(None);
 }
 
 /// One choice: a `finish_reason`, completion `text`, or an output member of

@@ -1,5 +1,5 @@
-//! [`ResponseBody`]: carries the [`Permit`] of an admitted request until the
-//! response stream ends.
+//! [`ResponseBody`]: carries the [`Permit`](crate::Permit) of an admitted
+//! request until the response stream ends.
 
 use std::fmt;
 use std::pin::Pin;
@@ -9,17 +9,19 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::Permit;
-use crate::detect::{AnyData, FirstTokenDetector};
+use super::first_token::Held;
+use crate::detect::{Auto, FirstTokenDetector};
 
 pin_project! {
     /// Response body of [`Admission`](super::Admission).
     ///
     /// For an admitted request it wraps the inner body and holds the
-    /// request's [`Permit`]:
+    /// request's [`Permit`](crate::Permit):
     ///
     /// * **waiting** capacity is released when the detector reports the
-    ///   first generated token, or when the body completes;
+    ///   first generated token, when the handler calls
+    ///   [`FirstToken::mark`](super::FirstToken::mark), or when the body
+    ///   completes;
     /// * **request** capacity is released when the body completes, fails, or
     ///   is dropped — whichever comes first, exactly once.
     ///
@@ -30,7 +32,7 @@ pin_project! {
     /// these was cancelled (the client went away); the permit goes with it.
     ///
     /// For a rejected request it is the overload answer's body.
-    pub struct ResponseBody<B, D = AnyData> {
+    pub struct ResponseBody<B, D = Auto> {
         #[pin]
         kind: Kind<B, D>,
     }
@@ -42,8 +44,11 @@ pin_project! {
         Admitted {
             #[pin]
             body: B,
-            // `None` once the response ended.
-            held: Option<Held<D>>,
+            // `Some` until waiting ends.
+            detector: Option<D>,
+            // `None` once the response ended (or for a request that
+            // bypassed the gate).
+            held: Option<Held>,
         },
         Overloaded {
             // `None` once yielded.
@@ -52,32 +57,28 @@ pin_project! {
     }
 }
 
-/// What an admitted response holds while it streams.
-struct Held<D> {
-    permit: Permit,
-    // `Some` until the first token.
-    detector: Option<D>,
-}
-
 impl<B, D> ResponseBody<B, D> {
     /// Wraps the body of an admitted response. The detector has seen the
-    /// response head.
-    pub(crate) fn admitted(body: B, permit: Permit, detector: D) -> Self
+    /// response head. `held` is `None` for a request that bypassed the gate.
+    pub(crate) fn admitted(body: B, held: Option<Held>, detector: D) -> Self
     where
         B: Body,
     {
         // A body that is already at its end will never be polled by hyper:
         // the response is complete now.
-        let held = if body.is_end_stream() {
-            None
-        } else {
-            Some(Held {
-                permit,
-                detector: Some(detector),
-            })
+        let (held, detector) = match held {
+            Some(held) if !body.is_end_stream() => {
+                let detector = (!held.waiting_over()).then_some(detector);
+                (Some(held), detector)
+            }
+            _ => (None, None),
         };
         ResponseBody {
-            kind: Kind::Admitted { body, held },
+            kind: Kind::Admitted {
+                body,
+                detector,
+                held,
+            },
         }
     }
 
@@ -103,15 +104,37 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Admitted { mut body, held } => {
+            KindProj::Admitted {
+                mut body,
+                detector,
+                held,
+            } => {
                 let polled = body.as_mut().poll_frame(cx);
                 let Poll::Ready(frame) = &polled else {
                     return polled;
                 };
                 let ended = match frame {
                     Some(Ok(frame)) => {
-                        if let (Some(data), Some(held)) = (frame.data_ref(), held.as_mut()) {
-                            held.on_data(data);
+                        // Once waiting is over the detector is gone: one
+                        // branch per frame.
+                        if let Some(watching) = detector {
+                            if let Some(data) = frame.data_ref() {
+                                let over = match held.as_mut() {
+                                    // A handler marked the first token.
+                                    Some(held) if held.waiting_over() => true,
+                                    Some(held) => {
+                                        let found = watching.on_data(data).is_some();
+                                        if found {
+                                            held.first_token();
+                                        }
+                                        found
+                                    }
+                                    None => true,
+                                };
+                                if over {
+                                    *detector = None;
+                                }
+                            }
                         }
                         frame.is_trailers() || body.is_end_stream()
                     }
@@ -122,6 +145,7 @@ where
                     // for a response that ends without a token, the waiting
                     // capacity.
                     *held = None;
+                    *detector = None;
                 }
                 polled
             }
@@ -150,24 +174,11 @@ where
     }
 }
 
-impl<D: FirstTokenDetector> Held<D> {
-    fn on_data(&mut self, data: &[u8]) {
-        if let Some(detector) = &mut self.detector {
-            if detector.on_data(data).is_some() {
-                self.detector = None;
-                self.permit.first_token();
-            }
-        }
-    }
-}
-
 impl<B, D> fmt::Debug for ResponseBody<B, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut debug = f.debug_struct("ResponseBody");
         match &self.kind {
-            Kind::Admitted { held, .. } => debug
-                .field("admitted", &true)
-                .field("permit", &held.as_ref().map(|held| &held.permit)),
+            Kind::Admitted { held, .. } => debug.field("admitted", &true).field("held", held),
             Kind::Overloaded { .. } => debug.field("admitted", &false),
         };
         debug.finish_non_exhaustive()

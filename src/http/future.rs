@@ -1,20 +1,24 @@
-//! [`ResponseFuture`]: waits in the gate's queue if it must, calls the inner
-//! service once admitted, and moves the [`Permit`] into the response body.
+//! [`ResponseFuture`]: waits in the gate's queue if it must, drives the inner
+//! service to readiness and calls it once admitted, and moves the request's
+//! permit into the response body.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::reject::{OverloadAnswer, Protocol, Rejection};
-use super::{Admitted, ResponseBody};
-use crate::detect::{AnyData, FirstTokenDetector};
-use crate::{Acquire, Permit};
+use super::ResponseBody;
+use super::first_token::Held;
+use super::reject::OverloadAnswer;
+use super::service::admit;
+use crate::Acquire;
+use crate::detect::{Auto, FirstTokenDetector};
 
 pin_project! {
     /// Response future of [`Admission`](super::Admission).
@@ -22,7 +26,7 @@ pin_project! {
     /// Dropping it while the request is queued cancels the request and frees
     /// its queue place; dropping it after admission, before the response,
     /// releases the engine capacity the request held.
-    pub struct ResponseFuture<S, ReqBody, D = AnyData>
+    pub struct ResponseFuture<S, ReqBody, D = Auto>
     where
         S: Service<Request<ReqBody>>,
     {
@@ -37,23 +41,33 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
-        // Queued in the gate. `service` was made ready by `poll_ready` and
-        // moved here (the `mem::replace` pattern); it is called on admission.
+        // Queued in the gate, with a clone of the inner service that has
+        // not been polled yet.
         Queued {
             acquire: Acquire,
             call: Option<Deferred<S, ReqBody, D>>,
         },
-        // Admitted; the inner service is answering.
+        // Admitted (or bypassing the gate): driving the inner service to
+        // readiness, then calling it.
+        Ready {
+            service: S,
+            request: Option<Request<ReqBody>>,
+            // `None` for a request that bypassed the gate.
+            held: Option<Held>,
+            detector: Option<D>,
+        },
+        // The inner service is answering.
         Called {
             #[pin]
             future: S::Future,
-            // Taken when the response (or an error) arrives.
-            admitted: Option<(Permit, D)>,
+            held: Option<Held>,
+            detector: Option<D>,
         },
         // Rejected; answered when first polled.
         Rejected {
-            rejection: Option<Rejection>,
+            response: Option<Response<Bytes>>,
         },
+        Done,
     }
 }
 
@@ -62,7 +76,6 @@ pub(crate) struct Deferred<S, ReqBody, D> {
     pub(crate) service: S,
     pub(crate) request: Request<ReqBody>,
     pub(crate) detector: D,
-    pub(crate) protocol: Protocol,
     pub(crate) answer: OverloadAnswer,
 }
 
@@ -70,11 +83,18 @@ impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn called(future: S::Future, permit: Permit, detector: D) -> Self {
+    pub(crate) fn admitted(
+        service: S,
+        request: Request<ReqBody>,
+        held: Option<Held>,
+        detector: D,
+    ) -> Self {
         ResponseFuture {
-            state: State::Called {
-                future,
-                admitted: Some((permit, detector)),
+            state: State::Ready {
+                service,
+                request: Some(request),
+                held,
+                detector: Some(detector),
             },
         }
     }
@@ -88,14 +108,16 @@ where
         }
     }
 
-    pub(crate) fn rejected(rejection: Rejection) -> Self {
+    pub(crate) fn rejected(response: Response<Bytes>) -> Self {
         ResponseFuture {
             state: State::Rejected {
-                rejection: Some(rejection),
+                response: Some(response),
             },
         }
     }
 }
+
+const POLLED_AFTER_COMPLETION: &str = "ResponseFuture polled after completion";
 
 impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
 where
@@ -112,48 +134,71 @@ where
                 StateProj::Queued { acquire, call } => {
                     let admission = ready!(Pin::new(acquire).poll(cx));
                     let Deferred {
-                        mut service,
+                        service,
                         mut request,
                         detector,
-                        protocol,
                         answer,
-                    } = call.take().expect("ResponseFuture polled after completion");
+                    } = call.take().expect(POLLED_AFTER_COMPLETION);
                     match admission {
-                        Ok(permit) => state.set(State::Called {
-                            future: {
-                                request.extensions_mut().insert(Admitted::of(&permit));
-                                service.call(request)
-                            },
-                            admitted: Some((permit, detector)),
-                        }),
-                        Err(overloaded) => state.set(State::Rejected {
-                            rejection: Some(Rejection {
-                                overloaded,
-                                protocol,
-                                answer,
-                            }),
-                        }),
+                        Ok(permit) => {
+                            let held = admit(&mut request, permit);
+                            state.set(State::Ready {
+                                service,
+                                request: Some(request),
+                                held: Some(held),
+                                detector: Some(detector),
+                            });
+                        }
+                        Err(overloaded) => {
+                            let (head, _) = request.into_parts();
+                            state.set(State::Rejected {
+                                response: Some(answer.respond(overloaded, &head)),
+                            });
+                        }
                     }
                 }
-                StateProj::Called { future, admitted } => {
+                StateProj::Ready {
+                    service,
+                    request,
+                    held,
+                    detector,
+                } => {
+                    if let Err(error) = ready!(service.poll_ready(cx)) {
+                        // The permit drops with the state: the request ended.
+                        state.set(State::Done);
+                        return Poll::Ready(Err(error));
+                    }
+                    let future = service.call(request.take().expect(POLLED_AFTER_COMPLETION));
+                    let (held, detector) = (held.take(), detector.take());
+                    state.set(State::Called {
+                        future,
+                        held,
+                        detector,
+                    });
+                }
+                StateProj::Called {
+                    future,
+                    held,
+                    detector,
+                } => {
                     let result = ready!(future.poll(cx));
-                    let (permit, mut detector) = admitted
-                        .take()
-                        .expect("ResponseFuture polled after completion");
+                    let (held, detector) = (held.take(), detector.take());
+                    state.set(State::Done);
                     // On an error the permit drops here: the request ended.
                     let (head, body) = result?.into_parts();
-                    detector.on_response(&head);
-                    let body = ResponseBody::admitted(body, permit, detector);
+                    let mut detector = detector.expect(POLLED_AFTER_COMPLETION);
+                    if held.is_some() {
+                        detector.on_response(&head);
+                    }
+                    let body = ResponseBody::admitted(body, held, detector);
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
-                StateProj::Rejected { rejection } => {
-                    let rejection = rejection
-                        .take()
-                        .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(rejection
-                        .into_response()
-                        .map(ResponseBody::overloaded)));
+                StateProj::Rejected { response } => {
+                    let response = response.take().expect(POLLED_AFTER_COMPLETION);
+                    state.set(State::Done);
+                    return Poll::Ready(Ok(response.map(ResponseBody::overloaded)));
                 }
+                StateProj::Done => panic!("{POLLED_AFTER_COMPLETION}"),
             }
         }
     }
@@ -166,8 +211,10 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Queued { .. } => "queued",
+            State::Ready { .. } => "ready",
             State::Called { .. } => "called",
             State::Rejected { .. } => "rejected",
+            State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)

@@ -1,12 +1,16 @@
 //! [`AdmissionLayer`]: configuration, shared by every service it wraps.
 
-use http::StatusCode;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, StatusCode, request};
 use tower_layer::Layer;
 
+use super::bypass::NoBypass;
 use super::reject::OverloadAnswer;
 use super::{Admission, NoRank};
-use crate::Gate;
-use crate::detect::{AnyData, FirstTokenDetector};
+use crate::detect::{Auto, FirstTokenDetector};
+use crate::{Gate, Overloaded};
 
 /// Applies [`Admission`] to a service: admission control through one
 /// shared [`Gate`].
@@ -18,37 +22,53 @@ use crate::detect::{AnyData, FirstTokenDetector};
 ///
 /// See the [module docs](super) for an example.
 #[derive(Debug, Clone)]
-pub struct AdmissionLayer<D = AnyData, R = NoRank> {
+pub struct AdmissionLayer<D = Auto, R = NoRank, P = NoBypass> {
     gate: Gate,
     detector: D,
     rank: R,
+    bypass: P,
     answer: OverloadAnswer,
 }
 
 impl AdmissionLayer {
     /// Admission through `gate`, with every request unranked, waiting ending
-    /// at the first non-empty data frame ([`AnyData`]), and overloads
+    /// where the response's content type says ([`Auto`]), and overloads
     /// answered with `529 Site is overloaded` (gRPC: `UNAVAILABLE`).
     pub fn new(gate: Gate) -> Self {
         AdmissionLayer {
             gate,
-            detector: AnyData,
+            detector: Auto::default(),
             rank: NoRank,
+            bypass: NoBypass,
             answer: OverloadAnswer::default(),
         }
     }
 }
 
-impl<D, R> AdmissionLayer<D, R> {
+impl<D, R, P> AdmissionLayer<D, R, P> {
     /// Decides where each response's waiting ends, e.g.
-    /// [`OpenAiSse`](crate::detect::OpenAiSse) for OpenAI-compatible event
-    /// streams or [`Grpc`](crate::detect::Grpc) for gRPC streams. The
-    /// detector is cloned for each request.
-    pub fn detector<D2: FirstTokenDetector>(self, detector: D2) -> AdmissionLayer<D2, R> {
+    /// [`OpenAiSse`](crate::detect::OpenAiSse) for every response whatever
+    /// its content type, or a detector of your own. The default, [`Auto`],
+    /// chooses by content type. The detector is cloned for each request.
+    pub fn detector<D2: FirstTokenDetector>(self, detector: D2) -> AdmissionLayer<D2, R, P> {
         AdmissionLayer {
             gate: self.gate,
             detector,
             rank: self.rank,
+            bypass: self.bypass,
+            answer: self.answer,
+        }
+    }
+
+    /// Lets the requests `bypass` picks skip the gate: they are neither
+    /// counted, queued nor rejected. For health checks and reflection when
+    /// the layer wraps a whole server; see [`Bypass`](super::Bypass).
+    pub fn bypass<P2>(self, bypass: P2) -> AdmissionLayer<D, R, P2> {
+        AdmissionLayer {
+            gate: self.gate,
+            detector: self.detector,
+            rank: self.rank,
+            bypass,
             answer: self.answer,
         }
     }
@@ -57,11 +77,12 @@ impl<D, R> AdmissionLayer<D, R> {
     /// [`RankExtractor`](super::RankExtractor) such as
     /// [`RankHeader`](super::RankHeader). Ranks must come from a trusted
     /// router, not from end users.
-    pub fn rank<R2>(self, rank: R2) -> AdmissionLayer<D, R2> {
+    pub fn rank<R2>(self, rank: R2) -> AdmissionLayer<D, R2, P> {
         AdmissionLayer {
             gate: self.gate,
             detector: self.detector,
             rank,
+            bypass: self.bypass,
             answer: self.answer,
         }
     }
@@ -99,14 +120,55 @@ impl<D, R> AdmissionLayer<D, R> {
         self
     }
 
+    /// The `Retry-After` of worker-scoped overload answers, in seconds
+    /// (gRPC: `grpc-retry-pushback-ms`, in milliseconds); `None` sends
+    /// none. 1 second by default: long enough for a frontend to route
+    /// elsewhere, short enough to come back once the burst has passed.
+    /// Rank-scoped answers never carry one: the worker still has room for
+    /// other ranks.
+    pub fn retry_after(mut self, seconds: Option<u32>) -> Self {
+        self.answer.retry_after = seconds;
+        self
+    }
+
+    /// Builds the whole overload response with `build`, for services with
+    /// an error format of their own. It gets the rejection and the
+    /// rejected request's head, and replaces every other overload setting
+    /// of the layer (status, gRPC code, `Retry-After`, headers, body).
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, AdmissionLayer, Gate, RejectionScope};
+    ///
+    /// let layer = AdmissionLayer::new(Gate::new(AdmissionConfig::new())).overload_response(
+    ///     |overloaded: &tower_admission::Overloaded, _request: &http::request::Parts| {
+    ///         let body = match overloaded.scope() {
+    ///             RejectionScope::Worker => "busy, try another worker",
+    ///             _ => "busy, try another rank",
+    ///         };
+    ///         http::Response::builder()
+    ///             .status(503)
+    ///             .body(bytes::Bytes::from_static(body.as_bytes()))
+    ///             .unwrap()
+    ///     },
+    /// );
+    /// # let _ = layer;
+    /// ```
+    pub fn overload_response<F>(mut self, build: F) -> Self
+    where
+        F: Fn(&Overloaded, &request::Parts) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.answer.build = Some(Arc::new(build));
+        self
+    }
+
     /// The gate requests are admitted through.
     pub fn gate(&self) -> &Gate {
         &self.gate
     }
 }
 
-impl<S, D: Clone, R: Clone> Layer<S> for AdmissionLayer<D, R> {
-    type Service = Admission<S, D, R>;
+impl<S, D: Clone, R: Clone, P: Clone> Layer<S> for AdmissionLayer<D, R, P> {
+    type Service = Admission<S, D, R, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Admission {
@@ -114,7 +176,8 @@ impl<S, D: Clone, R: Clone> Layer<S> for AdmissionLayer<D, R> {
             gate: self.gate.clone(),
             detector: self.detector.clone(),
             rank: self.rank.clone(),
-            answer: self.answer,
+            bypass: self.bypass.clone(),
+            answer: self.answer.clone(),
         }
     }
 }

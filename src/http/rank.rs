@@ -1,7 +1,7 @@
 //! Which data-parallel rank a request asks for: [`RankExtractor`] and the
 //! extractors that ship with the crate.
 //!
-//! A rank decides whose queue and limits a request uses (SPEC §3). It is only
+//! A rank decides whose queue and limits a request uses. It is only
 //! as trustworthy as whatever supplied it: a client that may pick its own rank
 //! can crowd one rank's queue on purpose. Take ranks from your own router (a
 //! header it sets after stripping the client's, or an extension set by an

@@ -1,12 +1,13 @@
-//! The overload answer (SPEC §4): what a rejected request receives instead of
+//! The overload answer: what a rejected request receives instead of
 //! reaching the inner service. It is decided before any response header is
 //! sent, so a client never sees a `200` followed by an in-stream error.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, request};
 
 use crate::{Overloaded, RejectionScope};
 
@@ -26,14 +27,34 @@ const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-p
 const SITE_IS_OVERLOADED: &[u8] = b"Site is overloaded";
 
 /// How long a frontend should stop routing to a worker that rejected a
-/// request with worker scope.
-const WORKER_BACKOFF_SECONDS: u64 = 1;
+/// request with worker scope, by default.
+const WORKER_BACKOFF_SECONDS: u32 = 1;
+
+/// Builds the whole overload response, for [`AdmissionLayer::overload_response`](super::AdmissionLayer::overload_response).
+pub(crate) type BuildResponse =
+    Arc<dyn Fn(&Overloaded, &request::Parts) -> Response<Bytes> + Send + Sync + 'static>;
 
 /// How rejections are answered; part of the layer's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) struct OverloadAnswer {
     pub(crate) status: StatusCode,
     pub(crate) grpc_code: u16,
+    /// `Retry-After` (gRPC: `grpc-retry-pushback-ms`) on worker-scoped
+    /// rejections, in seconds; `None` sends none.
+    pub(crate) retry_after: Option<u32>,
+    /// The user's own answer, replacing everything above.
+    pub(crate) build: Option<BuildResponse>,
+}
+
+impl fmt::Debug for OverloadAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OverloadAnswer")
+            .field("status", &self.status)
+            .field("grpc_code", &self.grpc_code)
+            .field("retry_after", &self.retry_after)
+            .field("custom", &self.build.is_some())
+            .finish()
+    }
 }
 
 /// `529 Site is overloaded`: not registered with IANA, but what LLM API
@@ -51,49 +72,60 @@ impl Default for OverloadAnswer {
         OverloadAnswer {
             status: StatusCode::from_u16(SITE_OVERLOADED).expect("529 is a valid status code"),
             grpc_code: GRPC_UNAVAILABLE,
+            retry_after: Some(WORKER_BACKOFF_SECONDS),
+            build: None,
+        }
+    }
+}
+
+impl OverloadAnswer {
+    /// The answer to the rejected request whose head is `request`.
+    pub(crate) fn respond(
+        &self,
+        overloaded: Overloaded,
+        request: &request::Parts,
+    ) -> Response<Bytes> {
+        if let Some(build) = &self.build {
+            return build(&overloaded, request);
+        }
+        match Protocol::of(&request.headers) {
+            Protocol::Http => http_answer(overloaded, self.status, self.retry_after),
+            Protocol::Grpc(content_type) => {
+                grpc_answer(overloaded, self.grpc_code, self.retry_after, content_type)
+            }
         }
     }
 }
 
 /// Which protocol a rejected request must be answered in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Protocol {
     Http,
-    Grpc,
+    /// gRPC or gRPC-Web, with the content type to answer with.
+    Grpc(HeaderValue),
 }
 
 impl Protocol {
     /// gRPC (and gRPC-Web) requests carry `application/grpc…`; a gRPC client
-    /// reads anything but a `200` with a `grpc-status` as `UNKNOWN`.
-    pub(crate) fn of<B>(req: &Request<B>) -> Protocol {
+    /// reads anything but a `200` with a `grpc-status` as `UNKNOWN`. A
+    /// gRPC-Web client (`application/grpc-web…`) gets its own content type
+    /// back: it may read the body only in the encoding it asked for.
+    pub(crate) fn of(headers: &HeaderMap) -> Protocol {
         const GRPC: &[u8] = b"application/grpc";
-        match req.headers().get(CONTENT_TYPE) {
-            Some(value)
-                if value.len() >= GRPC.len()
-                    && value.as_bytes()[..GRPC.len()].eq_ignore_ascii_case(GRPC) =>
-            {
-                Protocol::Grpc
-            }
-            _ => Protocol::Http,
-        }
-    }
-}
-
-/// A rejected request: enough to build its answer when the response future
-/// is polled.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Rejection {
-    pub(crate) overloaded: Overloaded,
-    pub(crate) protocol: Protocol,
-    pub(crate) answer: OverloadAnswer,
-}
-
-impl Rejection {
-    /// The response head and body of the overload answer.
-    pub(crate) fn into_response(self) -> Response<Bytes> {
-        match self.protocol {
-            Protocol::Http => http_answer(self.overloaded, self.answer.status),
-            Protocol::Grpc => grpc_answer(self.overloaded, self.answer.grpc_code),
+        const WEB: &[u8] = b"application/grpc-web";
+        let Some(value) = headers.get(CONTENT_TYPE) else {
+            return Protocol::Http;
+        };
+        let starts = |prefix: &[u8]| {
+            value.len() >= prefix.len()
+                && value.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix)
+        };
+        if starts(WEB) {
+            Protocol::Grpc(value.clone())
+        } else if starts(GRPC) {
+            Protocol::Grpc(HeaderValue::from_static("application/grpc"))
+        } else {
+            Protocol::Http
         }
     }
 }
@@ -106,32 +138,43 @@ fn scope_headers(headers: &mut HeaderMap, scope: RejectionScope) {
     }
 }
 
-/// An OpenAI-style JSON error:
-/// `{"error":{"message":…,"type":"overloaded","code":529,"scope":"rank","rank":3}}`.
-fn http_answer(overloaded: Overloaded, status: StatusCode) -> Response<Bytes> {
+/// The body of an HTTP overload answer: the OpenAI error object (`message`,
+/// `type`, `param`, `code`), with the rejection's scope and rank as extra
+/// members.
+pub(crate) fn error_json(overloaded: &Overloaded, status: StatusCode) -> serde_json::Value {
     let scope = overloaded.scope();
     let rank = match scope {
-        RejectionScope::Rank(rank) => rank.to_string(),
-        RejectionScope::Worker => "null".to_owned(),
+        RejectionScope::Rank(rank) => serde_json::Value::from(rank),
+        RejectionScope::Worker => serde_json::Value::Null,
     };
-    let mut json = String::with_capacity(192);
-    json.push_str(r#"{"error":{"message":"#);
-    push_json_string(&mut json, &overloaded.to_string());
-    let _ = write!(
-        json,
-        r#","type":"overloaded","code":{},"scope":"{}","rank":{}}}}}"#,
-        status.as_u16(),
-        scope.as_str(),
-        rank,
-    );
+    serde_json::json!({
+        "error": {
+            "message": overloaded.to_string(),
+            "type": "overloaded",
+            "param": null,
+            "code": status.as_u16(),
+            "scope": scope.as_str(),
+            "rank": rank,
+        }
+    })
+}
 
+/// `{"error":{"message":…,"type":"overloaded","param":null,"code":529,"scope":"rank","rank":3}}`.
+fn http_answer(
+    overloaded: Overloaded,
+    status: StatusCode,
+    retry_after: Option<u32>,
+) -> Response<Bytes> {
+    let scope = overloaded.scope();
+    let json = serde_json::to_vec(&error_json(&overloaded, status))
+        .expect("a JSON value always serialises");
     let mut response = Response::new(Bytes::from(json));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     scope_headers(headers, scope);
-    if scope == RejectionScope::Worker {
-        headers.insert(RETRY_AFTER, HeaderValue::from(WORKER_BACKOFF_SECONDS));
+    if let (RejectionScope::Worker, Some(seconds)) = (scope, retry_after) {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     #[cfg(feature = "hyper")]
     if status.as_u16() == SITE_OVERLOADED {
@@ -146,40 +189,29 @@ fn http_answer(overloaded: Overloaded, status: StatusCode) -> Response<Bytes> {
 
 /// A trailers-only gRPC response: `200`, every status field in the headers,
 /// an empty body.
-fn grpc_answer(overloaded: Overloaded, code: u16) -> Response<Bytes> {
+fn grpc_answer(
+    overloaded: Overloaded,
+    code: u16,
+    retry_after: Option<u32>,
+    content_type: HeaderValue,
+) -> Response<Bytes> {
     let scope = overloaded.scope();
     let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, content_type);
     headers.insert(GRPC_STATUS, HeaderValue::from(code));
     let message = percent_encode_grpc_message(&overloaded.to_string());
     if let Ok(message) = HeaderValue::from_str(&message) {
         headers.insert(GRPC_MESSAGE, message);
     }
     scope_headers(headers, scope);
-    if scope == RejectionScope::Worker {
+    if let (RejectionScope::Worker, Some(seconds)) = (scope, retry_after) {
         headers.insert(
             GRPC_RETRY_PUSHBACK_MS,
-            HeaderValue::from(WORKER_BACKOFF_SECONDS * 1000),
+            HeaderValue::from(u64::from(seconds) * 1000),
         );
     }
     response
-}
-
-/// Appends `text` as a JSON string literal.
-fn push_json_string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 /// Percent-encodes a `grpc-message` as the gRPC HTTP/2 protocol asks: every
@@ -201,13 +233,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn json_strings_escape_quotes_backslashes_and_controls() {
-        let mut out = String::new();
-        push_json_string(&mut out, "a\"b\\c\nd é");
-        assert_eq!(out, r#""a\"b\\c\u000ad é""#);
-    }
-
-    #[test]
     fn grpc_messages_escape_percent_and_non_ascii() {
         assert_eq!(
             percent_encode_grpc_message("50% full: ü\n"),
@@ -218,16 +243,21 @@ mod tests {
     #[test]
     fn only_grpc_content_types_get_grpc_answers() {
         let with = |content_type: &str| {
-            let mut req = Request::new(());
-            req.headers_mut()
-                .insert(CONTENT_TYPE, content_type.parse().unwrap());
-            Protocol::of(&req)
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, content_type.parse().unwrap());
+            Protocol::of(&headers)
         };
-        assert_eq!(with("application/grpc"), Protocol::Grpc);
-        assert_eq!(with("application/grpc+proto"), Protocol::Grpc);
-        assert_eq!(with("Application/GRPC-web"), Protocol::Grpc);
+        let grpc =
+            |content_type: &'static str| Protocol::Grpc(HeaderValue::from_static(content_type));
+        assert_eq!(with("application/grpc"), grpc("application/grpc"));
+        assert_eq!(with("application/grpc+proto"), grpc("application/grpc"));
+        assert_eq!(with("Application/GRPC-web"), grpc("Application/GRPC-web"));
+        assert_eq!(
+            with("application/grpc-web-text+proto"),
+            grpc("application/grpc-web-text+proto")
+        );
         assert_eq!(with("application/json"), Protocol::Http);
         assert_eq!(with("application/grp"), Protocol::Http);
-        assert_eq!(Protocol::of(&Request::new(())), Protocol::Http);
+        assert_eq!(Protocol::of(&HeaderMap::new()), Protocol::Http);
     }
 }

@@ -1,7 +1,6 @@
 //! [`Admission`]: the middleware service.
 
 use std::future::Future;
-use std::mem;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -10,10 +9,12 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
+use super::bypass::{Bypass, NoBypass};
+use super::first_token::Held;
 use super::future::Deferred;
-use super::reject::{OverloadAnswer, Protocol, Rejection};
+use super::reject::OverloadAnswer;
 use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
-use crate::detect::{AnyData, FirstTokenDetector};
+use crate::detect::{Auto, FirstTokenDetector};
 use crate::{AdmitSource, Cost, Descriptor, Gate, Permit};
 
 /// What the gate decided for a request, inserted into the request's
@@ -22,8 +23,10 @@ use crate::{AdmitSource, Cost, Descriptor, Gate, Permit};
 /// how it got in. A handler that runs the request on an engine rank should
 /// use this rank, the one the gate accounted for.
 ///
-/// With axum: `Extension(admitted): Extension<Admitted>`.
+/// With axum: `Extension(admitted): Extension<Admitted>`. More fields may
+/// come; read the ones you need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Admitted {
     /// The rank the request is counted under.
     pub rank: Option<u32>,
@@ -47,29 +50,31 @@ impl Admitted {
 /// Built by [`AdmissionLayer`](super::AdmissionLayer); see the
 /// [module docs](super) for how it behaves and composes.
 #[derive(Debug, Clone)]
-pub struct Admission<S, D = AnyData, R = NoRank> {
+pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass> {
     pub(super) inner: S,
     pub(super) gate: Gate,
     pub(super) detector: D,
     pub(super) rank: R,
+    pub(super) bypass: P,
     pub(super) answer: OverloadAnswer,
 }
 
 impl<S> Admission<S> {
     /// Wraps `inner` with the default configuration: every request
-    /// unranked, waiting ends at the first data frame, status 529.
+    /// unranked, waiting ends as [`Auto`] decides, status 529.
     pub fn new(inner: S, gate: Gate) -> Self {
         Admission {
             inner,
             gate,
-            detector: AnyData,
+            detector: Auto::default(),
             rank: NoRank,
+            bypass: NoBypass,
             answer: OverloadAnswer::default(),
         }
     }
 }
 
-impl<S, D, R> Admission<S, D, R> {
+impl<S, D, R, P> Admission<S, D, R, P> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -91,68 +96,83 @@ impl<S, D, R> Admission<S, D, R> {
     }
 }
 
-impl<S, ReqBody, ResBody, D, R> Service<Request<ReqBody>> for Admission<S, D, R>
+impl<S, ReqBody, ResBody, D, R, P> Service<Request<ReqBody>> for Admission<S, D, R, P>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: Body<Data = Bytes>,
     D: FirstTokenDetector,
     R: RankExtractor<ReqBody>,
+    P: Bypass<ReqBody>,
 {
     type Response = Response<ResponseBody<ResBody, D>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody, D>;
 
-    /// Forwards to the inner service: admission is decided in `call`, so
-    /// that arrival order is call order and the rank extractor sees the
-    /// request.
+    /// Always ready: admission is decided in `call`, whatever the inner
+    /// service's readiness, so that no request waits where the gate cannot
+    /// see it. Each call drives a clone of the inner service to readiness
+    /// in its response future, after admission; an inner readiness error
+    /// comes out of that future.
     #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        if self.bypass.bypass(&req) {
+            return ResponseFuture::admitted(self.inner.clone(), req, None, self.detector.clone());
+        }
         let cost = req.extensions().get::<Cost>().copied().unwrap_or_default();
         let request = Descriptor::new()
             .with_rank(self.rank.rank(&req))
             .with_cost(cost);
-        let protocol = Protocol::of(&req);
         let mut acquire = self.gate.acquire_with(request);
 
         // The gate decided on arrival unless the request was queued: take
-        // the decision now, so an admitted request calls the (ready) inner
-        // service without cloning it.
+        // the decision now.
         if !acquire.is_queued() {
             let mut cx = Context::from_waker(Waker::noop());
             if let Poll::Ready(decision) = Pin::new(&mut acquire).poll(&mut cx) {
                 return match decision {
                     Ok(permit) => {
                         let mut req = req;
-                        req.extensions_mut().insert(Admitted::of(&permit));
-                        ResponseFuture::called(self.inner.call(req), permit, self.detector.clone())
+                        let held = admit(&mut req, permit);
+                        ResponseFuture::admitted(
+                            self.inner.clone(),
+                            req,
+                            Some(held),
+                            self.detector.clone(),
+                        )
                     }
-                    Err(overloaded) => ResponseFuture::rejected(Rejection {
-                        overloaded,
-                        protocol,
-                        answer: self.answer,
-                    }),
+                    Err(overloaded) => {
+                        let (head, _) = req.into_parts();
+                        ResponseFuture::rejected(self.answer.respond(overloaded, &head))
+                    }
                 };
             }
         }
 
-        // Queued: the service made ready by `poll_ready` waits with the
-        // request and is called on admission; `self` keeps a fresh clone,
-        // which must be driven to readiness again before the next call.
-        let fresh = self.inner.clone();
-        let service = mem::replace(&mut self.inner, fresh);
+        // Queued: the request waits with a clone of the inner service,
+        // which is driven to readiness only once the request is admitted.
         ResponseFuture::queued(
             acquire,
             Deferred {
-                service,
+                service: self.inner.clone(),
                 request: req,
                 detector: self.detector.clone(),
-                protocol,
-                answer: self.answer,
+                answer: self.answer.clone(),
             },
         )
     }
+}
+
+/// Marks `req` admitted: the [`Admitted`] and
+/// [`FirstToken`](super::FirstToken) extensions.
+pub(crate) fn admit<B>(req: &mut Request<B>, permit: Permit) -> Held {
+    let admitted = Admitted::of(&permit);
+    let (held, first_token) = Held::new(permit);
+    let extensions = req.extensions_mut();
+    extensions.insert(admitted);
+    extensions.insert(first_token);
+    held
 }

@@ -87,6 +87,9 @@ def main(base_url: str) -> None:
         assert error.status_code == 529, error.status_code
         assert error.type == "overloaded", error.body
         assert error.body["scope"] == "worker", error.body
+        # The OpenAI error object, as the client parses it.
+        assert "param" in error.body and error.param is None, error.body
+        assert error.body["code"] == 529, error.body
         assert error.response.headers["retry-after"] == "1"
         assert error.response.headers["x-admission-rejection-scope"] == "worker"
         overload = error

@@ -1,0 +1,121 @@
+//! `examples/axum_minimal.rs` and `examples/tonic_minimal.rs`, built with
+//! the default features only and run as the user would, over real sockets.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::Process;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Builds the minimal examples with the default features (as `cargo run
+/// --example …` does) and returns the binary of `name`.
+fn built(name: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.arg("build");
+    // Tests live in target/<profile>/deps/: build with the same profile.
+    if let Some(profile) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.file_name()?.to_owned()))
+        .and_then(|name| name.into_string().ok())
+        .filter(|profile| profile != "debug")
+    {
+        command.args(["--profile", &profile]);
+    }
+    let output = command
+        .args([
+            "--manifest-path",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            "--example",
+            name,
+            "--message-format=json-render-diagnostics",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo");
+    assert!(
+        output.status.success(),
+        "cargo could not build {name}:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|message| message["target"]["name"] == name && message["executable"].is_string())
+        .map(|message| PathBuf::from(message["executable"].as_str().unwrap()))
+        .unwrap_or_else(|| panic!("cargo built no example {name}"))
+}
+
+/// Starts `name` on a free port; returns it and its `http://` address.
+fn start(name: &str) -> (Process, String) {
+    let process = Process::spawn(&built(name), &["127.0.0.1:0"], &[]);
+    let url = process.wait_for_stdout("its address", |text| {
+        let line = text.lines().next()?;
+        text.contains('\n')
+            .then(|| line.strip_prefix("listening on ").map(str::to_owned))
+            .flatten()
+    });
+    (process, url)
+}
+
+async fn within<F: std::future::Future>(future: F) -> F::Output {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .expect("timed out waiting for the example")
+}
+
+#[tokio::test]
+async fn axum_minimal_streams_and_answers_whole_and_wrong_method_requests() {
+    let (_server, url) = start("axum_minimal");
+    let client = reqwest::Client::new();
+
+    let stream = within(client.post(format!("{url}/v1/chat/completions")).send())
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    let text = within(stream.text()).await.unwrap();
+    assert!(text.contains("word4") && text.contains("[DONE]"), "{text}");
+
+    let whole = within(client.post(format!("{url}/v1/completions")).send())
+        .await
+        .unwrap();
+    let json: serde_json::Value = within(whole.json()).await.unwrap();
+    assert_eq!(json["choices"][0]["text"], "a whole answer");
+
+    let wrong_method = within(client.get(format!("{url}/v1/completions")).send())
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), 405);
+    let health = within(client.get(format!("{url}/health")).send())
+        .await
+        .unwrap();
+    assert_eq!(within(health.text()).await.unwrap(), "ok");
+}
+
+#[tokio::test]
+async fn tonic_minimal_answers_health_checks() {
+    let (_server, url) = start("tonic_minimal");
+    let channel = within(
+        tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect(),
+    )
+    .await
+    .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "demo.Completer"] {
+        let request = HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        let status = within(health.check(request)).await.unwrap().into_inner();
+        assert_eq!(status.status(), ServingStatus::Serving, "{service:?}");
+    }
+}
