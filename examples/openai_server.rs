@@ -56,8 +56,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tower_admission::detect::OpenAiSse;
-use tower_admission::http::OpenAiCostLayer;
 use tower_admission::http::FirstToken;
+use tower_admission::http::OpenAiCostLayer;
 use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
 use tower_admission::{AdmissionArgs, AdmissionLayer, Admitted, Gate, RankExtractor, RankHeader};
 

@@ -156,11 +156,11 @@ mod tonic;
 
 pub use self::body::ResponseBody;
 pub use self::bypass::{Bypass, BypassPaths, NoBypass};
-pub use self::first_token::FirstToken;
 pub use self::cost::{
     CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES, OpenAiCost,
     OpenAiCostLayer, SetCost,
 };
+pub use self::first_token::FirstToken;
 pub use self::future::ResponseFuture;
 pub use self::layer::AdmissionLayer;
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
