@@ -91,8 +91,8 @@ pub use crate::config::{
 #[cfg(feature = "http")]
 pub use crate::detect::FirstTokenDetector;
 pub use crate::gate::{
-    Acquire, AdmitSource, Cost, Counts, Descriptor, Gate, Overloaded, Permit, RejectionScope,
-    Snapshot, Tally,
+    Acquire, AdmitSource, Cost, Counts, Descriptor, Gate, Overloaded, Permit, RejectionReason,
+    RejectionScope, Snapshot, Tally,
 };
 #[cfg(feature = "http")]
 pub use crate::http::{

@@ -16,7 +16,7 @@
 //! | `request_queue_count` | gauge | | requests waiting in the gate's queue |
 //! | `request_receive_total` | counter | | requests received |
 //! | `request_admit_total` | counter | `source` = `direct` \| `queue` | requests admitted |
-//! | `rejection_total` | counter | `scope` = `rank` \| `worker` | requests rejected |
+//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` when deadlines are on) | requests rejected |
 //! | `cancellation_total` | counter | | requests cancelled while queued |
 //! | `engine_request_limit` | gauge | | the engine request limit |
 //! | `engine_request_waiting_limit` | gauge | | the engine request waiting limit |
@@ -318,8 +318,14 @@ struct BucketMetrics {
     received: Counter,
     admitted_direct: Counter,
     admitted_queue: Counter,
+    /// Rejections of each scope; with reasons on, those for a full queue.
     rejected_rank: Counter,
     rejected_worker: Counter,
+    /// Rejections of each scope for a deadline, with reasons on.
+    expired_rank: Counter,
+    expired_worker: Counter,
+    /// Whether the rejection series carry a `reason` label.
+    reasons: bool,
     cancelled: Counter,
     queue_wait: Histogram,
     engine_waiting_time: Histogram,
@@ -338,8 +344,13 @@ struct Applied {
 impl BucketMetrics {
     /// Registers the series of one `dp_rank` value with the current
     /// recorder; should the recorder panic, the bucket records nothing.
-    fn register(names: &Names, token_limits: Option<&Limits>, rank: Option<u32>) -> Self {
-        let register = || Self::try_register(names, token_limits, rank);
+    fn register(
+        names: &Names,
+        token_limits: Option<&Limits>,
+        reasons: bool,
+        rank: Option<u32>,
+    ) -> Self {
+        let register = || Self::try_register(names, token_limits, reasons, rank);
         catch_unwind(AssertUnwindSafe(register)).unwrap_or_else(|_| {
             tracing::warn!(
                 ?rank,
@@ -362,6 +373,9 @@ impl BucketMetrics {
             admitted_queue: Counter::noop(),
             rejected_rank: Counter::noop(),
             rejected_worker: Counter::noop(),
+            expired_rank: Counter::noop(),
+            expired_worker: Counter::noop(),
+            reasons: false,
             cancelled: Counter::noop(),
             queue_wait: Histogram::noop(),
             engine_waiting_time: Histogram::noop(),
@@ -370,14 +384,31 @@ impl BucketMetrics {
         }
     }
 
-    fn try_register(names: &Names, token_limits: Option<&Limits>, rank: Option<u32>) -> Self {
+    fn try_register(
+        names: &Names,
+        token_limits: Option<&Limits>,
+        reasons: bool,
+        rank: Option<u32>,
+    ) -> Self {
         use metrics::{counter, gauge, histogram};
         let dp_rank = rank.map_or_else(|| UNSPECIFIED.to_owned(), |rank| rank.to_string());
         let gauge = |name: &String| gauge!(name.clone(), "dp_rank" => dp_rank.clone());
         let counter = |name: &String| counter!(name.clone(), "dp_rank" => dp_rank.clone());
         let histogram = |name: &String| histogram!(name.clone(), "dp_rank" => dp_rank.clone());
         let admitted = |source: &'static str| counter!(names.request_admit_total.clone(), "dp_rank" => dp_rank.clone(), "source" => source);
-        let rejected = |scope: &'static str| counter!(names.rejection_total.clone(), "dp_rank" => dp_rank.clone(), "scope" => scope);
+        let rejected = |scope: &'static str, reason: Option<&'static str>| match reason {
+            None => {
+                counter!(names.rejection_total.clone(), "dp_rank" => dp_rank.clone(), "scope" => scope)
+            }
+            Some(reason) => {
+                counter!(names.rejection_total.clone(), "dp_rank" => dp_rank.clone(), "scope" => scope, "reason" => reason)
+            }
+        };
+        let full = reasons.then_some("queue_full");
+        let deadline = |scope| match reasons {
+            true => rejected(scope, Some("deadline")),
+            false => Counter::noop(),
+        };
         BucketMetrics {
             engine_requests: gauge(&names.engine_request_count),
             engine_waiting: gauge(&names.engine_request_waiting_count),
@@ -391,10 +422,16 @@ impl BucketMetrics {
             // Unranked rejections are always worker-scoped: no series for
             // a count that can only ever be 0.
             rejected_rank: match rank {
-                Some(_) => rejected("rank"),
+                Some(_) => rejected("rank", full),
                 None => Counter::noop(),
             },
-            rejected_worker: rejected("worker"),
+            rejected_worker: rejected("worker", full),
+            expired_rank: match rank {
+                Some(_) => deadline("rank"),
+                None => Counter::noop(),
+            },
+            expired_worker: deadline("worker"),
+            reasons,
             cancelled: counter(&names.cancellation_total),
             queue_wait: histogram(&names.request_queue_wait_seconds),
             engine_waiting_time: histogram(&names.engine_request_waiting_seconds),
@@ -427,8 +464,17 @@ impl BucketMetrics {
             self.received.absolute(tally.received);
             self.admitted_direct.absolute(tally.admitted_direct);
             self.admitted_queue.absolute(tally.admitted_queue);
-            self.rejected_rank.absolute(tally.rejected_rank);
-            self.rejected_worker.absolute(tally.rejected_worker);
+            if self.reasons {
+                self.rejected_rank
+                    .absolute(tally.rejected_rank - tally.expired_rank);
+                self.rejected_worker
+                    .absolute(tally.rejected_worker - tally.expired_worker);
+                self.expired_rank.absolute(tally.expired_rank);
+                self.expired_worker.absolute(tally.expired_worker);
+            } else {
+                self.rejected_rank.absolute(tally.rejected_rank);
+                self.rejected_worker.absolute(tally.rejected_worker);
+            }
             self.cancelled.absolute(tally.cancelled);
         }
         if let Some((limits, ranks)) = limits {
@@ -461,6 +507,9 @@ pub(crate) struct Recorder {
     /// The configured limits when a token limit is set: then every bucket
     /// has token series too.
     token_limits: Option<Limits>,
+    /// Whether rejections carry a `reason` label: the gate keeps time, so
+    /// some may be for a deadline.
+    reasons: bool,
     unranked: BucketMetrics,
     ranks: RankTable,
 }
@@ -493,10 +542,12 @@ impl Observer for Recorder {
                 names.describe_tokens();
             }
         });
+        let reasons = config.deadlines_enabled();
         Recorder {
-            unranked: BucketMetrics::register(&names, token_limits.as_ref(), None),
+            unranked: BucketMetrics::register(&names, token_limits.as_ref(), reasons, None),
             names,
             token_limits,
+            reasons,
             ranks: RankTable::new(),
         }
     }
@@ -552,7 +603,12 @@ impl Recorder {
         match rank {
             None => &self.unranked,
             Some(rank) => self.ranks.get_or_register(rank as usize, || {
-                BucketMetrics::register(&self.names, self.token_limits.as_ref(), Some(rank))
+                BucketMetrics::register(
+                    &self.names,
+                    self.token_limits.as_ref(),
+                    self.reasons,
+                    Some(rank),
+                )
             }),
         }
     }
@@ -637,7 +693,7 @@ mod tests {
         for rank in [0, 1, 2, 5, 2] {
             table.get_or_register(rank, || {
                 registered += 1;
-                BucketMetrics::register(&names, None, Some(rank as u32))
+                BucketMetrics::register(&names, None, false, Some(rank as u32))
             });
         }
         assert_eq!(registered, 4);

@@ -444,7 +444,7 @@ impl Sampler {
     /// How requests ended between the first and the last snapshot.
     pub fn tally(&self) -> Tally {
         match (self.first, self.last) {
-            (Some(first), Some(last)) => difference(&last.tally, &first.tally),
+            (Some(first), Some(last)) => last.tally.since(&first.tally),
             _ => Tally::default(),
         }
     }
@@ -505,22 +505,6 @@ impl Sampler {
         EstimateError::TooFewSamples {
             samples: self.samples,
         }
-    }
-}
-
-/// `later - earlier`, field by field.
-fn difference(later: &Tally, earlier: &Tally) -> Tally {
-    Tally {
-        received: later.received.saturating_sub(earlier.received),
-        admitted_direct: later
-            .admitted_direct
-            .saturating_sub(earlier.admitted_direct),
-        admitted_queue: later.admitted_queue.saturating_sub(earlier.admitted_queue),
-        rejected_rank: later.rejected_rank.saturating_sub(earlier.rejected_rank),
-        rejected_worker: later
-            .rejected_worker
-            .saturating_sub(earlier.rejected_worker),
-        cancelled: later.cancelled.saturating_sub(earlier.cancelled),
     }
 }
 

@@ -17,8 +17,12 @@ use super::env::{self, Overrides};
 /// | `--engine-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
 /// | `--request-queue-token-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
 ///
+/// | `--request-queue-wait-limit-ms <MS>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
+/// | `--ttft-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
+///
 /// The token limits are off unless set: requests are then counted, not
-/// weighed.
+/// weighed. So are the queue wait limit and the time-to-first-token
+/// objective: a queued request then waits as long as the queue takes.
 ///
 /// An invalid flag value (zero, negative or non-numeric engine limits, a
 /// negative or non-numeric queue limit) fails parsing with an error naming
@@ -86,6 +90,18 @@ pub struct AdmissionArgs {
     /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT]
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
     pub request_queue_token_limit: Option<NonZeroUsize>,
+
+    /// Longest time a request may wait in the gate's queue, in
+    /// milliseconds; a request predicted to wait longer is rejected at once
+    /// [default: off; env: DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub request_queue_wait_limit_ms: Option<NonZeroUsize>,
+
+    /// Time-to-first-token objective in milliseconds: the queue wait budget
+    /// becomes the objective minus the measured engine waiting time
+    /// [default: off; env: DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub ttft_objective_ms: Option<NonZeroUsize>,
 }
 
 impl AdmissionArgs {
@@ -106,6 +122,8 @@ impl AdmissionArgs {
             engine_waiting_token_limit: self.engine_waiting_token_limit.map(NonZeroUsize::get),
             engine_token_limit: self.engine_token_limit.map(NonZeroUsize::get),
             request_queue_token_limit: self.request_queue_token_limit.map(NonZeroUsize::get),
+            request_queue_wait_limit_ms: self.request_queue_wait_limit_ms.map(NonZeroUsize::get),
+            ttft_objective_ms: self.ttft_objective_ms.map(NonZeroUsize::get),
         };
         env::resolve(overrides, &lookup)
     }

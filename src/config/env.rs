@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::num::IntErrorKind;
+use std::time::Duration;
 
 use super::AdmissionConfig;
 
@@ -58,6 +59,18 @@ pub(crate) const REQUEST_QUEUE_TOKEN_LIMIT: Setting = Setting {
     minimum: 1,
 };
 
+pub(crate) const REQUEST_QUEUE_WAIT_LIMIT_MS: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS",
+    alias: None,
+    minimum: 1,
+};
+
+pub(crate) const TTFT_OBJECTIVE_MS: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS",
+    alias: None,
+    minimum: 1,
+};
+
 /// Values that take precedence over the environment (from the command
 /// line). A setting given here is resolved without reading its variables.
 #[derive(Debug, Clone, Copy, Default)]
@@ -68,6 +81,8 @@ pub(crate) struct Overrides {
     pub(crate) engine_waiting_token_limit: Option<usize>,
     pub(crate) engine_token_limit: Option<usize>,
     pub(crate) request_queue_token_limit: Option<usize>,
+    pub(crate) request_queue_wait_limit_ms: Option<usize>,
+    pub(crate) ttft_objective_ms: Option<usize>,
 }
 
 /// Builds a configuration from `overrides`, then the variables `lookup`
@@ -112,6 +127,19 @@ pub(crate) fn resolve(
         .or_else(|| REQUEST_QUEUE_TOKEN_LIMIT.lookup(lookup));
     if let Some(n) = request_queue_token_limit {
         config = config.request_queue_token_limit(n);
+    }
+    let millis = |n: usize| Duration::from_millis(n as u64);
+    let request_queue_wait_limit = overrides
+        .request_queue_wait_limit_ms
+        .or_else(|| REQUEST_QUEUE_WAIT_LIMIT_MS.lookup(lookup));
+    if let Some(n) = request_queue_wait_limit {
+        config = config.request_queue_wait_limit(millis(n));
+    }
+    let ttft_objective = overrides
+        .ttft_objective_ms
+        .or_else(|| TTFT_OBJECTIVE_MS.lookup(lookup));
+    if let Some(n) = ttft_objective {
+        config = config.ttft_objective(millis(n));
     }
     config
 }

@@ -12,6 +12,8 @@ mod env;
 
 use std::fmt;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "clap")]
 pub use self::cli::AdmissionArgs;
@@ -89,6 +91,10 @@ pub struct AdmissionConfig {
     pub(crate) engine_waiting_token_limit: Option<NonZeroUsize>,
     pub(crate) engine_token_limit: Option<NonZeroUsize>,
     pub(crate) request_queue_token_limit: Option<NonZeroUsize>,
+    pub(crate) request_queue_wait_limit: Option<Duration>,
+    pub(crate) ttft_objective: Option<Duration>,
+    pub(crate) request_deadlines: bool,
+    pub(crate) clock: Clock,
     pub(crate) capacity: Option<EngineCapacity>,
     #[cfg(feature = "metrics")]
     pub(crate) metrics_prefix: Option<String>,
@@ -109,6 +115,9 @@ impl fmt::Debug for AdmissionConfig {
             )
             .field("engine_token_limit", &self.engine_token_limit)
             .field("request_queue_token_limit", &self.request_queue_token_limit)
+            .field("request_queue_wait_limit", &self.request_queue_wait_limit)
+            .field("ttft_objective", &self.ttft_objective)
+            .field("request_deadlines", &self.request_deadlines)
             .field("capacity", &self.capacity);
         #[cfg(feature = "metrics")]
         d.field("metrics_prefix", &self.metrics_prefix);
@@ -194,6 +203,81 @@ impl AdmissionConfig {
     pub fn request_queue_token_limit(mut self, n: usize) -> Self {
         self.request_queue_token_limit = Some(positive("request_queue_token_limit", n));
         self
+    }
+
+    /// Sets the request queue wait limit: no request waits in the queue
+    /// longer; one whose wait would end later leaves the queue when it does
+    /// and is rejected with [`RejectionReason::Deadline`](crate::RejectionReason::Deadline),
+    /// and one that is predicted not to be admitted in time (from the rate
+    /// its queue drains at) is rejected on arrival. Off unless set: by
+    /// default a queued request waits as long as the queue takes.
+    ///
+    /// # Panics
+    ///
+    /// If `limit` is zero (use a queue limit of 0 to have no queue).
+    #[track_caller]
+    pub fn request_queue_wait_limit(mut self, limit: Duration) -> Self {
+        assert!(
+            !limit.is_zero(),
+            "invalid request_queue_wait_limit: 0 (the limit must be positive)"
+        );
+        self.request_queue_wait_limit = Some(limit);
+        self
+    }
+
+    /// Sets the time-to-first-token objective: each request's queue wait
+    /// budget becomes the objective minus the measured mean engine waiting
+    /// time (admission to first token), never below zero, so that admitted
+    /// requests can still meet it. The one number to tune instead of a
+    /// queue length. Off unless set.
+    ///
+    /// # Panics
+    ///
+    /// If `objective` is zero.
+    #[track_caller]
+    pub fn ttft_objective(mut self, objective: Duration) -> Self {
+        assert!(
+            !objective.is_zero(),
+            "invalid ttft_objective: 0 (the objective must be positive)"
+        );
+        self.ttft_objective = Some(objective);
+        self
+    }
+
+    /// Honours the clients' own deadlines ([`Descriptor::deadline`](crate::Descriptor::deadline),
+    /// from a gRPC `grpc-timeout` or a header the layer reads): a request
+    /// waits in the queue no longer than its deadline. Off unless set, or
+    /// unless a queue wait limit or objective is set.
+    pub fn request_deadlines(mut self, honour: bool) -> Self {
+        self.request_deadlines = honour;
+        self
+    }
+
+    /// The clock the gate measures queue waits, drain rates and waiting
+    /// times with; `std::time::Instant::now` unless set. Only read when
+    /// deadlines are on. A test on tokio's paused time passes
+    /// `|| tokio::time::Instant::now().into_std()`.
+    pub fn clock(mut self, now: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
+        self.clock = Clock(Some(Arc::new(now)));
+        self
+    }
+
+    /// Whether the gate keeps time: a queue wait limit, a time-to-first-token
+    /// objective, or the clients' deadlines are honoured.
+    pub fn deadlines_enabled(&self) -> bool {
+        self.request_queue_wait_limit.is_some()
+            || self.ttft_objective.is_some()
+            || self.request_deadlines
+    }
+
+    /// The request queue wait limit, if one was set.
+    pub fn explicit_request_queue_wait_limit(&self) -> Option<Duration> {
+        self.request_queue_wait_limit
+    }
+
+    /// The time-to-first-token objective, if one was set.
+    pub fn explicit_ttft_objective(&self) -> Option<Duration> {
+        self.ttft_objective
     }
 
     /// The engine's capacity, if it is known when the gate is built. Without
@@ -316,6 +400,41 @@ fn positive(setting: &str, n: usize) -> NonZeroUsize {
     match NonZeroUsize::new(n) {
         Some(n) => n,
         None => panic!("invalid {setting}: 0 (the limit must be a positive integer)"),
+    }
+}
+
+/// The gate's clock: `Instant::now` unless the user gave another.
+#[derive(Clone, Default)]
+pub(crate) struct Clock(Option<Arc<dyn Fn() -> Instant + Send + Sync>>);
+
+impl Clock {
+    pub(crate) fn now(&self) -> Instant {
+        match &self.0 {
+            Some(now) => now(),
+            None => Instant::now(),
+        }
+    }
+}
+
+impl PartialEq for Clock {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Clock {}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Clock(custom)"
+        } else {
+            "Clock(std)"
+        })
     }
 }
 

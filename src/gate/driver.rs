@@ -20,7 +20,7 @@ use std::mem;
 use std::pin::Pin;
 use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 // Model-checked under `--cfg loom` (see `loom_tests.rs`).
 #[cfg(loom)]
@@ -30,10 +30,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::observe::{Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
-use super::state::{Arrival, Demand, Grant, Polled, State, Ticket};
+use super::state::{Arrival, Demand, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
 use crate::DefaultObserver;
-use crate::config::{AdmissionConfig, EngineCapacity, Limits};
+use crate::config::{AdmissionConfig, Clock, EngineCapacity, Limits};
 
 /// The admission gate of one worker. Cheap to clone: clones share one state.
 ///
@@ -60,6 +60,9 @@ pub struct Gate {
 struct Inner {
     state: Mutex<State<Waiter>>,
     observer: DefaultObserver,
+    /// Whether deadlines are on; only then is `clock` read.
+    timed: bool,
+    clock: Clock,
 }
 
 /// What the gate keeps for each queued request.
@@ -103,10 +106,14 @@ impl Gate {
         // the first request's path.
         let _ = Stamp::now();
         let observer = DefaultObserver::new(&config);
+        let timed = config.deadlines_enabled();
+        let clock = config.clock.clone();
         let gate = Gate {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::new(config)),
                 observer,
+                timed,
+                clock,
             }),
         };
         gate.end_event(gate.lock(), Concerned::Everything);
@@ -146,15 +153,25 @@ impl Gate {
     /// ```
     pub fn acquire_with(&self, descriptor: Descriptor) -> Acquire {
         let rank = descriptor.rank;
-        // Read the clock (observers only) before taking the lock.
+        // Read the clocks (observers', deadlines') before taking the lock.
         let now = Stamp::now();
+        let time = match descriptor.deadline {
+            Some(_) if !self.inner.timed => Some(self.inner.clock.now()),
+            _ => self.time(),
+        };
         let mut state = self.lock();
         let waiter = Waiter {
             waker: None,
             queued_at: now,
             offered_at: now,
         };
-        let arrival = state.arrive(rank, Demand::of(descriptor.cost), waiter);
+        self.advance(&mut state, time);
+        let arrival = state.arrive(
+            rank,
+            Demand::of(descriptor.cost),
+            descriptor.deadline,
+            waiter,
+        );
         let concerned = Concerned::Bucket {
             rank: state.recognised(rank),
             tally_changed: true,
@@ -167,11 +184,12 @@ impl Gate {
             Arrival::Admitted(grant) => {
                 Step::Decided(Some(Ok(Permit::new(self.clone(), grant, now))))
             }
-            Arrival::Queued(ticket) => Step::Queued {
+            Arrival::Queued(ticket, expires_at) => Step::Queued {
                 gate: self.clone(),
                 ticket,
+                expires_at,
             },
-            Arrival::Rejected(scope) => Step::Decided(Some(Err(Overloaded { scope }))),
+            Arrival::Rejected(overloaded) => Step::Decided(Some(Err(overloaded))),
         };
         Acquire { step }
     }
@@ -181,7 +199,9 @@ impl Gate {
     /// revokes admitted work. A report of zero ranks or zero `max_num_seqs`
     /// is ignored with a warning.
     pub fn report_capacity(&self, capacity: EngineCapacity) {
+        let time = self.time();
         let mut state = self.lock();
+        self.advance(&mut state, time);
         if state.report_capacity(capacity) {
             self.end_event(state, Concerned::Everything);
         }
@@ -205,6 +225,21 @@ impl Gate {
     /// The per-rank limits in force.
     pub fn limits(&self) -> Limits {
         self.lock().limits()
+    }
+
+    /// The gate's time, read before taking the lock; `None` unless
+    /// deadlines are on.
+    #[inline]
+    fn time(&self) -> Option<Instant> {
+        self.inner.timed.then(|| self.inner.clock.now())
+    }
+
+    /// Tells the state the time of the event it is about to apply.
+    #[inline]
+    fn advance(&self, state: &mut State<Waiter>, time: Option<Instant>) {
+        if let Some(now) = time {
+            state.advance(now);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State<Waiter>> {
@@ -280,7 +315,9 @@ impl Gate {
         // Read the clock (observers only) before taking the lock.
         let engine_waiting = (DefaultObserver::ENABLED && grant.is_waiting())
             .then(|| Stamp::now().since(admitted_at));
+        let time = self.time();
         let mut state = self.lock();
+        self.advance(&mut state, time);
         if finished {
             state.finish(grant);
         } else {
@@ -350,8 +387,12 @@ pub struct Acquire {
 enum Step {
     /// Admitted or rejected on arrival; taken by the first poll.
     Decided(Option<Result<Permit, Overloaded>>),
-    /// Waiting in the gate's queue.
-    Queued { gate: Gate, ticket: Ticket },
+    /// Waiting in the gate's queue, until its budget ends if it has one.
+    Queued {
+        gate: Gate,
+        ticket: Ticket,
+        expires_at: Option<Instant>,
+    },
     /// Admitted from the queue and handed over.
     Done,
 }
@@ -360,6 +401,48 @@ impl Acquire {
     /// Whether the request is waiting in the gate's queue.
     pub fn is_queued(&self) -> bool {
         matches!(self.step, Step::Queued { .. })
+    }
+
+    /// When the queued request's wait budget runs out, on the gate's clock
+    /// ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)); `None`
+    /// when it is not queued or has no budget (deadlines are off).
+    ///
+    /// The gate keeps no timers: whoever awaits the `Acquire` arms one for
+    /// this instant and calls [`expire`](Self::expire) when it fires (the
+    /// HTTP layer does, with tokio's timer).
+    pub fn expires_at(&self) -> Option<Instant> {
+        match &self.step {
+            Step::Queued { expires_at, .. } => *expires_at,
+            _ => None,
+        }
+    }
+
+    /// The queued request's wait budget ran out: it leaves the queue, and
+    /// the `Acquire` resolves to an [`Overloaded`] with reason
+    /// [`Deadline`](crate::RejectionReason::Deadline). If it was offered an
+    /// admission meanwhile, the admission stands and the `Acquire` resolves
+    /// to its permit. Does nothing unless the request is queued.
+    pub fn expire(&mut self) {
+        let Step::Queued { gate, ticket, .. } = &self.step else {
+            return;
+        };
+        let gate = gate.clone();
+        let time = gate.time();
+        let mut state = gate.lock();
+        gate.advance(&mut state, time);
+        match state.expire(*ticket) {
+            Expiry::Rejected(overloaded, rank) => {
+                let concerned = Concerned::Bucket {
+                    rank,
+                    tally_changed: true,
+                    queue_wait: None,
+                    engine_waiting: None,
+                };
+                gate.end_event(state, concerned);
+                self.step = Step::Decided(Some(Err(overloaded)));
+            }
+            Expiry::Admitted | Expiry::Stale => {}
+        }
     }
 }
 
@@ -385,7 +468,7 @@ impl Future for Acquire {
                 return Poll::Ready(decision.take().expect("Acquire polled after completion"));
             }
             Step::Done => panic!("Acquire polled after completion"),
-            Step::Queued { gate, ticket } => {
+            Step::Queued { gate, ticket, .. } => {
                 let mut state = gate.lock();
                 match state.poll(*ticket) {
                     Polled::Waiting(waiter) => {
@@ -429,8 +512,10 @@ impl Future for Acquire {
 
 impl Drop for Acquire {
     fn drop(&mut self) {
-        if let Step::Queued { gate, ticket } = &self.step {
+        if let Step::Queued { gate, ticket, .. } = &self.step {
+            let time = gate.time();
             let mut state = gate.lock();
+            gate.advance(&mut state, time);
             // A stale ticket cannot happen (the ticket is spent only when
             // the step becomes `Done`), but if it did it must not touch the
             // request that reuses its slot.

@@ -17,7 +17,8 @@ mod types;
 pub use self::driver::{Acquire, Gate};
 pub use self::permit::Permit;
 pub use self::types::{
-    AdmitSource, Cost, Counts, Descriptor, Overloaded, RejectionScope, Snapshot, Tally,
+    AdmitSource, Cost, Counts, Descriptor, Overloaded, RejectionReason, RejectionScope, Snapshot,
+    Tally,
 };
 
 #[cfg(all(test, loom))]

@@ -41,7 +41,9 @@
 use slab::Slab;
 
 use super::observe::BucketView;
-use super::types::{AdmitSource, Cost, Counts, RejectionScope, Tally};
+use std::time::{Duration, Instant};
+
+use super::types::{AdmitSource, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tally};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
 /// Identifies a queued request while it waits: its slot in the entry slab
@@ -91,6 +93,15 @@ impl Demand {
     }
 }
 
+/// A moving average that weighs the latest sample by a fifth.
+fn moving_average(average: Option<f64>, sample: f64) -> f64 {
+    const WEIGHT: f64 = 0.2;
+    match average {
+        Some(average) => average + WEIGHT * (sample - average),
+        None => sample,
+    }
+}
+
 /// Whether `cost` more tokens fit a budget of which `used` are taken. An
 /// empty budget takes anything: a request larger than the whole budget runs
 /// alone rather than never. A request of no tokens does not draw on the
@@ -109,6 +120,8 @@ fn tokens_fit(used: usize, cost: usize, limit: Option<usize>) -> bool {
 pub(crate) struct Grant {
     held: Held,
     demand: Demand,
+    /// When it was admitted, if the gate keeps time.
+    admitted_at: Option<Instant>,
     rank: Option<u32>,
     source: AdmitSource,
     holds_request: bool,
@@ -141,11 +154,25 @@ impl Grant {
 pub(crate) enum Arrival {
     /// Admitted at once; the grant holds its capacity.
     Admitted(Grant),
-    /// Waiting in a queue. Poll it with [`State::poll`], cancel it with
-    /// [`State::cancel`].
-    Queued(Ticket),
-    /// Rejected; the queue was full.
-    Rejected(RejectionScope),
+    /// Waiting in a queue, until the instant its queue wait budget ends, if
+    /// it has one. Poll it with [`State::poll`], cancel it with
+    /// [`State::cancel`], expire it with [`State::expire`].
+    Queued(Ticket, Option<Instant>),
+    /// Rejected: its queue was full, or it could not be admitted within its
+    /// queue wait budget.
+    Rejected(Overloaded),
+}
+
+/// What became of a request whose queue wait budget ran out.
+#[derive(Debug)]
+pub(crate) enum Expiry {
+    /// It left the queue, rejected for its deadline; counted under this
+    /// rank (`None`: unranked).
+    Rejected(Overloaded, Option<u32>),
+    /// It had been offered an admission already: the admission stands.
+    Admitted,
+    /// The ticket is stale.
+    Stale,
 }
 
 /// The state of a queued request, as seen by its waiter.
@@ -177,6 +204,12 @@ struct Bucket {
     queue: Fifo,
     tally: Tally,
     generation: u32,
+    /// The last queue admission, or when the queue last became non-empty:
+    /// the start of the interval the next queue admission ends.
+    drain_mark: Option<Instant>,
+    /// Mean time between queue admissions while the queue is not empty
+    /// (seconds, a moving average): how fast it drains.
+    drain_interval: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -194,6 +227,8 @@ struct Entry<T> {
     seq: u64,
     bucket: BucketKey,
     demand: Demand,
+    /// Whether its queue wait budget is the client's own deadline.
+    client_deadline: bool,
     status: Status,
     payload: T,
 }
@@ -218,6 +253,13 @@ pub(crate) struct State<T> {
     offered: Vec<Slot>,
     /// Events so far, to order observations.
     events: u64,
+    /// Whether the gate keeps time (deadlines are on); then `now` is the
+    /// time of the event being applied.
+    timed: bool,
+    now: Option<Instant>,
+    /// Mean engine waiting time (admission to first token or completion),
+    /// seconds, a moving average.
+    mean_wait: Option<f64>,
 }
 
 impl<T> State<T> {
@@ -235,7 +277,11 @@ impl<T> State<T> {
             next_seq: 0,
             offered: Vec::new(),
             events: 0,
+            timed: false,
+            now: None,
+            mean_wait: None,
         };
+        state.timed = state.config.deadlines_enabled();
         if let Some(capacity) = capacity {
             state.report_capacity(capacity);
         }
@@ -244,9 +290,21 @@ impl<T> State<T> {
 
     // ----- events -------------------------------------------------------
 
+    /// The time of the events that follow, for a gate that keeps time.
+    pub(crate) fn advance(&mut self, now: Instant) {
+        self.now = Some(now);
+    }
+
     /// A request arrives, asking for `rank` (`None`, or a rank this worker
-    /// does not recognise, makes it unranked) and needing `demand`.
-    pub(crate) fn arrive(&mut self, rank: Option<u32>, demand: Demand, payload: T) -> Arrival {
+    /// does not recognise, makes it unranked), needing `demand`, with the
+    /// client's own `deadline` (from arrival), if any.
+    pub(crate) fn arrive(
+        &mut self,
+        rank: Option<u32>,
+        demand: Demand,
+        deadline: Option<Duration>,
+        payload: T,
+    ) -> Arrival {
         let bucket = self.recognise(rank);
         self.bucket_mut(bucket).tally.received += 1;
         let queue_empty = self.bucket(bucket).queue.head.is_none();
@@ -255,16 +313,106 @@ impl<T> State<T> {
             self.bucket_mut(bucket).tally.admitted_direct += 1;
             return Arrival::Admitted(grant);
         }
-        if self.queue_fits(bucket, demand) {
-            return Arrival::Queued(self.enqueue(bucket, demand, payload));
+        if !self.queue_fits(bucket, demand) {
+            return Arrival::Rejected(self.reject(bucket, RejectionReason::QueueFull, false));
         }
+        let budget = self.budget(deadline);
+        if let Some((budget, client)) = budget {
+            if self
+                .predicted_wait(bucket)
+                .is_some_and(|wait| wait > budget)
+            {
+                return Arrival::Rejected(self.reject(bucket, RejectionReason::Deadline, client));
+            }
+        }
+        let expires_at = budget.and_then(|(budget, _)| self.now?.checked_add(budget));
+        let client = budget.is_some_and(|(_, client)| client);
+        let ticket = self.enqueue(bucket, demand, client, payload);
+        Arrival::Queued(ticket, expires_at)
+    }
+
+    /// Counts a rejection of a request of `bucket` and says whom it
+    /// concerns.
+    fn reject(&mut self, bucket: BucketKey, reason: RejectionReason, client: bool) -> Overloaded {
         let scope = self.rejection_scope(bucket);
+        let expired = reason == RejectionReason::Deadline;
         let tally = &mut self.bucket_mut(bucket).tally;
         match scope {
-            RejectionScope::Rank(_) => tally.rejected_rank += 1,
-            RejectionScope::Worker => tally.rejected_worker += 1,
+            RejectionScope::Rank(_) => {
+                tally.rejected_rank += 1;
+                tally.expired_rank += u64::from(expired);
+            }
+            RejectionScope::Worker => {
+                tally.rejected_worker += 1;
+                tally.expired_worker += u64::from(expired);
+            }
         }
-        Arrival::Rejected(scope)
+        Overloaded {
+            scope,
+            reason,
+            client_deadline: client,
+        }
+    }
+
+    /// A request's queue wait budget, the smallest of the client's own
+    /// deadline, the queue wait limit, and the time-to-first-token objective
+    /// less the mean engine waiting time; and whether the client's deadline
+    /// is the smallest. A gate that keeps no time honours the client's
+    /// deadline alone (the driver then gives the arrival its time).
+    fn budget(&self, deadline: Option<Duration>) -> Option<(Duration, bool)> {
+        let mut budget = deadline.map(|deadline| (deadline, true));
+        if !self.timed {
+            // Only the client's deadline, timed from this arrival.
+            return budget.filter(|_| self.now.is_some());
+        }
+        let mut consider = |server: Duration| {
+            if budget.is_none_or(|(smallest, _)| server < smallest) {
+                budget = Some((server, false));
+            }
+        };
+        if let Some(limit) = self.config.request_queue_wait_limit {
+            consider(limit);
+        }
+        if let Some(objective) = self.config.ttft_objective {
+            let waiting = Duration::from_secs_f64(self.mean_wait.unwrap_or(0.0));
+            consider(objective.saturating_sub(waiting));
+        }
+        budget
+    }
+
+    /// How long a request joining `bucket`'s queue now would wait: the
+    /// requests ahead of it and itself, at the rate the queue has drained.
+    /// `None` before a rate has been measured.
+    fn predicted_wait(&self, bucket: BucketKey) -> Option<Duration> {
+        let interval = self.bucket(bucket).drain_interval?;
+        let ahead = self.bucket(bucket).counts.queued as f64;
+        Some(Duration::from_secs_f64((ahead + 1.0) * interval))
+    }
+
+    /// The queue wait budget of the request of `ticket` ran out. Still
+    /// queued, it leaves its queue and is rejected for its deadline; already
+    /// offered an admission, the admission stands (its capacity is held,
+    /// and the client still waits for it).
+    pub(crate) fn expire(&mut self, ticket: Ticket) -> Expiry {
+        let Some(entry) = self.live(ticket) else {
+            return Expiry::Stale;
+        };
+        let Status::Queued { prev, next } = entry.status else {
+            return Expiry::Admitted;
+        };
+        let entry = self.entries.remove(ticket.slot);
+        self.unlink(entry.bucket, prev, next);
+        self.unqueue(entry.bucket, entry.demand);
+        self.shrink_if_idle();
+        let overloaded = self.reject(
+            entry.bucket,
+            RejectionReason::Deadline,
+            entry.client_deadline,
+        );
+        if prev.is_none() {
+            self.dequeue();
+        }
+        Expiry::Rejected(overloaded, self.label(entry.bucket))
     }
 
     /// The waiter of `ticket` looks at its request. An offered admission is
@@ -673,6 +821,7 @@ impl<T> State<T> {
                 generation,
             },
             demand,
+            admitted_at: if self.timed { self.now } else { None },
             rank,
             source,
             holds_request: true,
@@ -688,6 +837,12 @@ impl<T> State<T> {
         let request = finished && std::mem::take(&mut grant.holds_request);
         if !waiting && !request {
             return;
+        }
+        if waiting {
+            if let (Some(admitted_at), Some(now)) = (grant.admitted_at, self.now) {
+                let waited = now.saturating_duration_since(admitted_at).as_secs_f64();
+                self.mean_wait = Some(moving_average(self.mean_wait, waited));
+            }
         }
         let key = self.current_bucket(grant.held);
         let demand = grant.demand;
@@ -712,14 +867,25 @@ impl<T> State<T> {
         }
     }
 
-    fn enqueue(&mut self, key: BucketKey, demand: Demand, payload: T) -> Ticket {
+    fn enqueue(
+        &mut self,
+        key: BucketKey,
+        demand: Demand,
+        client_deadline: bool,
+        payload: T,
+    ) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
         let prev = self.bucket(key).queue.tail;
+        if prev.is_none() && self.timed {
+            // The queue starts to drain now, not at its last admission.
+            self.bucket_mut(key).drain_mark = self.now;
+        }
         let slot = self.entries.insert(Entry {
             seq,
             bucket: key,
             demand,
+            client_deadline,
             status: Status::Queued { prev, next: None },
             payload,
         });
@@ -797,6 +963,14 @@ impl<T> State<T> {
         self.unlink(key, prev, next);
         let demand = self.entries[slot].demand;
         self.unqueue(key, demand);
+        if let Some(now) = self.now.filter(|_| self.timed) {
+            let bucket = self.bucket_mut(key);
+            if let Some(mark) = bucket.drain_mark {
+                let interval = now.saturating_duration_since(mark).as_secs_f64();
+                bucket.drain_interval = Some(moving_average(bucket.drain_interval, interval));
+            }
+            bucket.drain_mark = Some(now);
+        }
         let grant = self.charge(key, demand, AdmitSource::Queue);
         self.entries[slot].status = Status::Offered(grant);
         self.offered.push(slot);

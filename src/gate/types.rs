@@ -4,6 +4,7 @@
 //! way round.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::config::{EngineCapacity, Limits};
 
@@ -50,10 +51,35 @@ impl RejectionScope {
     }
 }
 
-/// A request was rejected before it reached the engine: its queue was full.
+/// Why a request was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectionReason {
+    /// Its queue was full: it could neither enter the engine nor wait.
+    QueueFull,
+    /// Its queue wait budget ran out while it waited, or it was predicted to
+    /// run out before the request could be admitted.
+    Deadline,
+}
+
+impl RejectionReason {
+    /// The `reason` label and header value: `"queue_full"` or `"deadline"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RejectionReason::QueueFull => "queue_full",
+            RejectionReason::Deadline => "deadline",
+        }
+    }
+}
+
+/// A request was rejected before it reached the engine: its queue was full,
+/// or its queue wait budget ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overloaded {
     pub(crate) scope: RejectionScope,
+    pub(crate) reason: RejectionReason,
+    /// The budget that ran out was the client's own deadline.
+    pub(crate) client_deadline: bool,
 }
 
 impl Overloaded {
@@ -61,18 +87,31 @@ impl Overloaded {
     pub fn scope(&self) -> RejectionScope {
         self.scope
     }
+
+    /// Why the request was rejected.
+    pub fn reason(&self) -> RejectionReason {
+        self.reason
+    }
+
+    /// Whether the budget that ran out was the client's own deadline (a
+    /// gRPC `grpc-timeout`, say) rather than the server's queue wait limit
+    /// or its time-to-first-token objective.
+    pub fn client_deadline_passed(&self) -> bool {
+        self.client_deadline
+    }
 }
 
 impl fmt::Display for Overloaded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.reason {
+            RejectionReason::QueueFull => "has no room to admit or queue the request",
+            RejectionReason::Deadline => "could not admit the request within its queue wait budget",
+        };
         match self.scope {
-            RejectionScope::Rank(rank) => write!(
-                f,
-                "overloaded: data-parallel rank {rank} has no room to admit or queue the request"
-            ),
-            RejectionScope::Worker => {
-                f.write_str("overloaded: the worker has no room to admit or queue the request")
+            RejectionScope::Rank(rank) => {
+                write!(f, "overloaded: data-parallel rank {rank} {what}")
             }
+            RejectionScope::Worker => write!(f, "overloaded: the worker {what}"),
         }
     }
 }
@@ -199,6 +238,11 @@ pub struct Descriptor {
     pub rank: Option<u32>,
     /// Its cost in tokens (zero unless known).
     pub cost: Cost,
+    /// The client's own deadline, as time from arrival (a gRPC
+    /// `grpc-timeout`, say): waiting in the queue longer is pointless. With
+    /// the gate's own queue wait limit and time-to-first-token objective it
+    /// makes the request's queue wait budget, the smallest of the three.
+    pub deadline: Option<Duration>,
 }
 
 impl Descriptor {
@@ -207,6 +251,7 @@ impl Descriptor {
         Descriptor {
             rank: None,
             cost: Cost::new(0, None),
+            deadline: None,
         }
     }
 
@@ -219,6 +264,12 @@ impl Descriptor {
     /// The same request, costing `cost`.
     pub const fn with_cost(mut self, cost: Cost) -> Self {
         self.cost = cost;
+        self
+    }
+
+    /// The same request, with the client's own deadline `after` arrival.
+    pub const fn with_deadline(mut self, after: Duration) -> Self {
+        self.deadline = Some(after);
         self
     }
 }
@@ -239,6 +290,11 @@ pub struct Tally {
     pub rejected_rank: u64,
     /// Requests rejected with [`RejectionScope::Worker`].
     pub rejected_worker: u64,
+    /// Of the rank-scoped rejections, those for a deadline
+    /// ([`RejectionReason::Deadline`]).
+    pub expired_rank: u64,
+    /// Of the worker-scoped rejections, those for a deadline.
+    pub expired_worker: u64,
     /// Requests cancelled while queued (including a cancellation that won a
     /// race against an admission offer).
     pub cancelled: u64,
@@ -250,9 +306,14 @@ impl Tally {
         self.admitted_direct + self.admitted_queue
     }
 
-    /// All rejections, of both scopes.
+    /// All rejections, of both scopes and every reason.
     pub fn rejected(&self) -> u64 {
         self.rejected_rank + self.rejected_worker
+    }
+
+    /// Rejections for a deadline, of both scopes.
+    pub fn expired(&self) -> u64 {
+        self.expired_rank + self.expired_worker
     }
 
     /// Requests that have reached their end state.
@@ -269,6 +330,8 @@ impl Tally {
             admitted_queue: self.admitted_queue.saturating_sub(earlier.admitted_queue),
             rejected_rank: self.rejected_rank.saturating_sub(earlier.rejected_rank),
             rejected_worker: self.rejected_worker.saturating_sub(earlier.rejected_worker),
+            expired_rank: self.expired_rank.saturating_sub(earlier.expired_rank),
+            expired_worker: self.expired_worker.saturating_sub(earlier.expired_worker),
             cancelled: self.cancelled.saturating_sub(earlier.cancelled),
         }
     }
@@ -279,6 +342,8 @@ impl Tally {
         self.admitted_queue += other.admitted_queue;
         self.rejected_rank += other.rejected_rank;
         self.rejected_worker += other.rejected_worker;
+        self.expired_rank += other.expired_rank;
+        self.expired_worker += other.expired_worker;
         self.cancelled += other.cancelled;
     }
 }

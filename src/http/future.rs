@@ -46,6 +46,9 @@ pin_project! {
         Queued {
             acquire: Acquire,
             call: Option<Deferred<S, ReqBody, D>>,
+            // Armed at the first poll when the request has a queue wait
+            // budget: when it fires, the request expires.
+            timer: Option<Pin<Box<tokio::time::Sleep>>>,
         },
         // Admitted (or bypassing the gate): driving the inner service to
         // readiness, then calling it.
@@ -104,6 +107,7 @@ where
             state: State::Queued {
                 acquire,
                 call: Some(call),
+                timer: None,
             },
         }
     }
@@ -131,8 +135,31 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Queued { acquire, call } => {
-                    let admission = ready!(Pin::new(acquire).poll(cx));
+                StateProj::Queued {
+                    acquire,
+                    call,
+                    timer,
+                } => {
+                    if timer.is_none() {
+                        if let Some(at) = acquire.expires_at() {
+                            let at = tokio::time::Instant::from_std(at);
+                            *timer = Some(Box::pin(tokio::time::sleep_until(at)));
+                        }
+                    }
+                    let mut admission = Pin::new(&mut *acquire).poll(cx);
+                    if admission.is_pending() {
+                        if let Some(timer) = timer.as_mut() {
+                            if timer.as_mut().poll(cx).is_ready() {
+                                // The budget ran out: the request leaves the
+                                // queue (unless admitted in the meantime).
+                                acquire.expire();
+                                admission = Pin::new(&mut *acquire).poll(cx);
+                            }
+                        }
+                    }
+                    let Poll::Ready(admission) = admission else {
+                        return Poll::Pending;
+                    };
                     let Deferred {
                         service,
                         mut request,

@@ -3,10 +3,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::HeaderName;
 use http::{Response, StatusCode, request};
 use tower_layer::Layer;
 
 use super::bypass::NoBypass;
+use super::deadline::RequestDeadlines;
 use super::reject::OverloadAnswer;
 use super::{Admission, NoRank};
 use crate::detect::{Auto, FirstTokenDetector};
@@ -28,6 +30,7 @@ pub struct AdmissionLayer<D = Auto, R = NoRank, P = NoBypass> {
     rank: R,
     bypass: P,
     answer: OverloadAnswer,
+    deadlines: RequestDeadlines,
 }
 
 impl AdmissionLayer {
@@ -41,6 +44,7 @@ impl AdmissionLayer {
             rank: NoRank,
             bypass: NoBypass,
             answer: OverloadAnswer::default(),
+            deadlines: RequestDeadlines::default(),
         }
     }
 }
@@ -57,6 +61,7 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
             rank: self.rank,
             bypass: self.bypass,
             answer: self.answer,
+            deadlines: self.deadlines,
         }
     }
 
@@ -70,6 +75,7 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
             rank: self.rank,
             bypass,
             answer: self.answer,
+            deadlines: self.deadlines,
         }
     }
 
@@ -84,6 +90,7 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
             rank,
             bypass: self.bypass,
             answer: self.answer,
+            deadlines: self.deadlines,
         }
     }
 
@@ -161,6 +168,30 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
         self
     }
 
+    /// Honours a gRPC request's `grpc-timeout`: the request waits in the
+    /// queue no longer; if its deadline passes there, it is answered
+    /// `DEADLINE_EXCEEDED` at once. Off by default.
+    pub fn grpc_timeout(mut self) -> Self {
+        self.deadlines.grpc_timeout = true;
+        self
+    }
+
+    /// Honours a deadline the client (or a trusted router) sends in header
+    /// `name`, in milliseconds from arrival: the request waits in the queue
+    /// no longer, and is answered with an overload of reason `deadline` if
+    /// it passes there. Off by default.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name.
+    pub fn deadline_header(mut self, name: &str) -> Self {
+        self.deadlines.header = Some(
+            HeaderName::from_bytes(name.as_bytes())
+                .unwrap_or_else(|_| panic!("invalid deadline header name: {name:?}")),
+        );
+        self
+    }
+
     /// The gate requests are admitted through.
     pub fn gate(&self) -> &Gate {
         &self.gate
@@ -178,6 +209,7 @@ impl<S, D: Clone, R: Clone, P: Clone> Layer<S> for AdmissionLayer<D, R, P> {
             rank: self.rank.clone(),
             bypass: self.bypass.clone(),
             answer: self.answer.clone(),
+            deadlines: self.deadlines.clone(),
         }
     }
 }

@@ -145,6 +145,7 @@
 mod body;
 mod bypass;
 mod cost;
+mod deadline;
 mod first_token;
 mod future;
 mod layer;
@@ -164,7 +165,7 @@ pub use self::first_token::FirstToken;
 pub use self::future::ResponseFuture;
 pub use self::layer::AdmissionLayer;
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
-pub use self::reject::{REJECTED_RANK, REJECTION_SCOPE};
+pub use self::reject::{REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};
 pub use self::service::{Admission, Admitted};
 
 /// The README's Rust examples, compiled and run as doc tests.

@@ -18,6 +18,14 @@ pub const REJECTION_SCOPE: HeaderName = HeaderName::from_static("x-admission-rej
 /// rejections.
 pub const REJECTED_RANK: HeaderName = HeaderName::from_static("x-admission-rank");
 
+/// Response header naming why the request was rejected: `queue_full` or
+/// `deadline`.
+pub const REJECTION_REASON: HeaderName = HeaderName::from_static("x-admission-rejection-reason");
+
+/// gRPC `DEADLINE_EXCEEDED`: the answer when the client's own deadline
+/// passed in the queue.
+const GRPC_DEADLINE_EXCEEDED: u16 = 4;
+
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
@@ -130,9 +138,14 @@ impl Protocol {
     }
 }
 
-/// The rejection-scope headers shared by both answers.
-fn scope_headers(headers: &mut HeaderMap, scope: RejectionScope) {
+/// The rejection-scope and reason headers shared by both answers.
+fn scope_headers(headers: &mut HeaderMap, overloaded: &Overloaded) {
+    let scope = overloaded.scope();
     headers.insert(REJECTION_SCOPE, HeaderValue::from_static(scope.as_str()));
+    headers.insert(
+        REJECTION_REASON,
+        HeaderValue::from_static(overloaded.reason().as_str()),
+    );
     if let RejectionScope::Rank(rank) = scope {
         headers.insert(REJECTED_RANK, HeaderValue::from(rank));
     }
@@ -155,6 +168,7 @@ pub(crate) fn error_json(overloaded: &Overloaded, status: StatusCode) -> serde_j
             "code": status.as_u16(),
             "scope": scope.as_str(),
             "rank": rank,
+            "reason": overloaded.reason().as_str(),
         }
     })
 }
@@ -172,7 +186,7 @@ fn http_answer(
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    scope_headers(headers, scope);
+    scope_headers(headers, &overloaded);
     if let (RejectionScope::Worker, Some(seconds)) = (scope, retry_after) {
         headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
@@ -199,12 +213,17 @@ fn grpc_answer(
     let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, content_type);
+    let code = if overloaded.client_deadline_passed() {
+        GRPC_DEADLINE_EXCEEDED
+    } else {
+        code
+    };
     headers.insert(GRPC_STATUS, HeaderValue::from(code));
     let message = percent_encode_grpc_message(&overloaded.to_string());
     if let Ok(message) = HeaderValue::from_str(&message) {
         headers.insert(GRPC_MESSAGE, message);
     }
-    scope_headers(headers, scope);
+    scope_headers(headers, &overloaded);
     if let (RejectionScope::Worker, Some(seconds)) = (scope, retry_after) {
         headers.insert(
             GRPC_RETRY_PUSHBACK_MS,

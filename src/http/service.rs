@@ -10,6 +10,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::bypass::{Bypass, NoBypass};
+use super::deadline::RequestDeadlines;
 use super::first_token::Held;
 use super::future::Deferred;
 use super::reject::OverloadAnswer;
@@ -57,6 +58,7 @@ pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass> {
     pub(super) rank: R,
     pub(super) bypass: P,
     pub(super) answer: OverloadAnswer,
+    pub(super) deadlines: RequestDeadlines,
 }
 
 impl<S> Admission<S> {
@@ -70,6 +72,7 @@ impl<S> Admission<S> {
             rank: NoRank,
             bypass: NoBypass,
             answer: OverloadAnswer::default(),
+            deadlines: RequestDeadlines::default(),
         }
     }
 }
@@ -123,9 +126,12 @@ where
             return ResponseFuture::admitted(self.inner.clone(), req, None, self.detector.clone());
         }
         let cost = req.extensions().get::<Cost>().copied().unwrap_or_default();
-        let request = Descriptor::new()
+        let mut request = Descriptor::new()
             .with_rank(self.rank.rank(&req))
             .with_cost(cost);
+        if let Some(deadline) = self.deadlines.of(req.headers()) {
+            request = request.with_deadline(deadline);
+        }
         let mut acquire = self.gate.acquire_with(request);
 
         // The gate decided on arrival unless the request was queued: take

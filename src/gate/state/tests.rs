@@ -167,19 +167,7 @@ impl Model {
         } else if self.queue_fits(bucket, cost) {
             Decision::Queued
         } else {
-            let others = self.accepts(None)
-                || (0..self.ranks())
-                    .filter(|&other| Some(other) != bucket)
-                    .any(|other| self.accepts(Some(other)));
-            let scope = match bucket {
-                Some(rank) if others => RejectionScope::Rank(rank),
-                _ => RejectionScope::Worker,
-            };
-            match scope {
-                RejectionScope::Rank(_) => self.tally.rejected_rank += 1,
-                RejectionScope::Worker => self.tally.rejected_worker += 1,
-            }
-            Decision::Rejected(scope)
+            self.reject(bucket, false)
         };
         let phase = match decision {
             Decision::Admitted => Phase::Admitted { waiting: true },
@@ -193,6 +181,30 @@ impl Model {
             phase,
         });
         (self.requests.len() - 1, decision)
+    }
+
+    /// Counts a rejection of a request of `bucket` (for its deadline when
+    /// `expired`) and decides its scope.
+    fn reject(&mut self, bucket: Option<u32>, expired: bool) -> Decision {
+        let others = self.accepts(None)
+            || (0..self.ranks())
+                .filter(|&other| Some(other) != bucket)
+                .any(|other| self.accepts(Some(other)));
+        let scope = match bucket {
+            Some(rank) if others => RejectionScope::Rank(rank),
+            _ => RejectionScope::Worker,
+        };
+        match scope {
+            RejectionScope::Rank(_) => {
+                self.tally.rejected_rank += 1;
+                self.tally.expired_rank += u64::from(expired);
+            }
+            RejectionScope::Worker => {
+                self.tally.rejected_worker += 1;
+                self.tally.expired_worker += u64::from(expired);
+            }
+        }
+        Decision::Rejected(scope)
     }
 
     /// Admits the oldest queue head that fits, while one does; returns who
@@ -293,6 +305,8 @@ enum Op {
     Finish(usize),
     /// The `n`th queued request is cancelled.
     Cancel(usize),
+    /// The `n`th queued request's wait budget runs out.
+    Expire(usize),
     Report(EngineCapacity),
     /// The next offer is cancelled before its waiter polls.
     CancelNextOffer,
@@ -310,6 +324,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(Op::FirstToken),
         3 => any::<usize>().prop_map(Op::Finish),
         2 => any::<usize>().prop_map(Op::Cancel),
+        1 => any::<usize>().prop_map(Op::Expire),
         1 => (0usize..4, 0usize..4)
             .prop_map(|(seqs, ranks)| Op::Report(EngineCapacity::new(seqs, ranks))),
         1 => Just(Op::CancelNextOffer),
@@ -417,7 +432,7 @@ impl Harness {
         match op {
             Op::Arrive(rank, cost) => {
                 let (id, expected) = self.model.arrive(rank, cost);
-                let arrival = self.state.arrive(rank, Demand::of(cost), id);
+                let arrival = self.state.arrive(rank, Demand::of(cost), None, id);
                 self.tickets.push(None);
                 self.grants.push(None);
                 let decision = match arrival {
@@ -426,12 +441,15 @@ impl Harness {
                         self.grants[id] = Some(grant);
                         Decision::Admitted
                     }
-                    Arrival::Queued(ticket) => {
+                    Arrival::Queued(ticket, _) => {
                         assert!(matches!(self.state.poll(ticket), Polled::Waiting(_)));
                         self.tickets[id] = Some(ticket);
                         Decision::Queued
                     }
-                    Arrival::Rejected(scope) => Decision::Rejected(scope),
+                    Arrival::Rejected(overloaded) => {
+                        assert_eq!(overloaded.reason(), RejectionReason::QueueFull);
+                        Decision::Rejected(overloaded.scope())
+                    }
                 };
                 assert_eq!(
                     decision, expected,
@@ -466,6 +484,22 @@ impl Harness {
                     assert_eq!(rank, self.model.requests[id].bucket);
                     self.model.finish(id);
                     self.model.tally.cancelled += 1;
+                }
+            }
+            Op::Expire(n) => {
+                let queued = self.ids(|phase| phase == Phase::Queued);
+                if let Some(&id) = queued.get(n % queued.len().max(1)) {
+                    let ticket = self.tickets[id].take().unwrap();
+                    let bucket = self.model.requests[id].bucket;
+                    self.model.finish(id);
+                    let expected = self.model.reject(bucket, true);
+                    let Expiry::Rejected(overloaded, rank) = self.state.expire(ticket) else {
+                        panic!("a queued request expires");
+                    };
+                    assert_eq!(rank, bucket);
+                    assert_eq!(overloaded.reason(), RejectionReason::Deadline);
+                    assert_eq!(Decision::Rejected(overloaded.scope()), expected);
+                    assert!(matches!(self.state.expire(ticket), Expiry::Stale));
                 }
             }
             Op::Report(capacity) => {
@@ -562,13 +596,13 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
             .engine_request_limit(1)
             .request_queue_limit(100_000),
     );
-    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), 0) else {
+    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0) else {
         panic!("the first request is admitted")
     };
     let idle = state.entries.capacity();
     let tickets: Vec<Ticket> = (0..100_000)
-        .map(|id| match state.arrive(None, Demand::default(), id) {
-            Arrival::Queued(ticket) => ticket,
+        .map(|id| match state.arrive(None, Demand::default(), None, id) {
+            Arrival::Queued(ticket, _) => ticket,
             other => panic!("expected queued, got {other:?}"),
         })
         .collect();
@@ -588,12 +622,12 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
 #[test]
 fn unlinking_from_the_middle_keeps_the_queue_order() {
     let mut state = State::new(AdmissionConfig::new().engine_request_limit(1));
-    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), 0) else {
+    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0) else {
         panic!("the first request is admitted")
     };
     let tickets: Vec<Ticket> = (1..=5)
-        .map(|id| match state.arrive(None, Demand::default(), id) {
-            Arrival::Queued(ticket) => ticket,
+        .map(|id| match state.arrive(None, Demand::default(), None, id) {
+            Arrival::Queued(ticket, _) => ticket,
             other => panic!("expected queued, got {other:?}"),
         })
         .collect();
@@ -621,10 +655,10 @@ fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
             .engine_request_limit(1)
             .request_queue_limit(2),
     );
-    let Arrival::Admitted(mut a) = state.arrive(None, Demand::default(), "a") else {
+    let Arrival::Admitted(mut a) = state.arrive(None, Demand::default(), None, "a") else {
         panic!("the first request is admitted")
     };
-    let Arrival::Queued(b) = state.arrive(None, Demand::default(), "b") else {
+    let Arrival::Queued(b, _) = state.arrive(None, Demand::default(), None, "b") else {
         panic!("the second request waits")
     };
     state.finish(&mut a);
@@ -632,7 +666,7 @@ fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
         panic!("b was offered the freed capacity")
     };
     // c takes the slot b's entry had.
-    let Arrival::Queued(c) = state.arrive(None, Demand::default(), "c") else {
+    let Arrival::Queued(c, _) = state.arrive(None, Demand::default(), None, "c") else {
         panic!("the third request waits")
     };
     assert_eq!(c.slot, b.slot, "the slab reuses the slot");

@@ -1,0 +1,116 @@
+//! Where a request's own deadline comes from: a gRPC `grpc-timeout`, or a
+//! header the user names. Off unless asked for: by default a queued request
+//! waits as long as the queue takes.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName};
+
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// The request headers that carry a client's deadline; see
+/// [`AdmissionLayer::grpc_timeout`](super::AdmissionLayer::grpc_timeout) and
+/// [`AdmissionLayer::deadline_header`](super::AdmissionLayer::deadline_header).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RequestDeadlines {
+    pub(crate) grpc_timeout: bool,
+    pub(crate) header: Option<HeaderName>,
+}
+
+impl RequestDeadlines {
+    /// The client's deadline from arrival, if a header carries a valid one
+    /// (the smallest, when both do).
+    pub(crate) fn of(&self, headers: &HeaderMap) -> Option<Duration> {
+        let grpc = self
+            .grpc_timeout
+            .then(|| single(headers, &GRPC_TIMEOUT).and_then(parse_grpc_timeout))
+            .flatten();
+        let header = self
+            .header
+            .as_ref()
+            .and_then(|name| single(headers, name))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_millis);
+        match (grpc, header) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The value of a header present exactly once, as text.
+fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    value.to_str().ok()
+}
+
+/// A `grpc-timeout` value: at most 8 ASCII digits and a unit (`H`, `M`,
+/// `S`, `m`, `u`, `n`), as the gRPC over HTTP/2 protocol defines it.
+pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_protocol_defines_them() {
+        assert_eq!(parse_grpc_timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in [
+            "",
+            "S",
+            "100",
+            "123456789S",
+            "1s",
+            "-1S",
+            "1.5S",
+            "ü",
+            "1 S",
+        ] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_smallest_of_the_headers_asked_for_wins() {
+        let deadlines = RequestDeadlines {
+            grpc_timeout: true,
+            header: Some(HeaderName::from_static("x-request-timeout-ms")),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-timeout", "2S".parse().unwrap());
+        headers.insert("x-request-timeout-ms", " 1500 ".parse().unwrap());
+        assert_eq!(deadlines.of(&headers), Some(Duration::from_millis(1500)));
+        assert_eq!(RequestDeadlines::default().of(&headers), None);
+        headers.append("x-request-timeout-ms", "10".parse().unwrap());
+        assert_eq!(
+            deadlines.of(&headers),
+            Some(Duration::from_secs(2)),
+            "ambiguous header ignored"
+        );
+    }
+}
