@@ -45,12 +45,12 @@
 //! graph padding, swapping instead of recomputing, and per-request variation
 //! in step cost beyond the token counts.
 
+mod config;
 mod engine;
 mod scheduler;
 pub mod sweep;
 mod workload;
 
-pub use self::engine::{
-    EngineConfig, EngineStats, Request, SimEngine, StepTime, SubmitError, Token, TokenStream,
-};
+pub use self::config::{EngineConfig, StepTime, Token};
+pub use self::engine::{EngineStats, Request, SimEngine, SubmitError, TokenStream};
 pub use self::workload::{Arrival, Arrivals, Lengths, Workload};

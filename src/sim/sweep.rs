@@ -40,7 +40,8 @@ use tokio::time::Instant;
 use tower::Service;
 use tower::limit::ConcurrencyLimit;
 
-use super::engine::{EngineConfig, Request, SimEngine, SubmitError, Token, TokenStream};
+use super::config::{EngineConfig, Token};
+use super::engine::{Request, SimEngine, SubmitError, TokenStream};
 use super::workload::{Lengths, Workload};
 use crate::{AdmissionConfig, Gate, Permit};
 
