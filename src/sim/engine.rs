@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use super::config::{EngineConfig, Token};
 use super::scheduler::{Batch, Scheduler};
+use super::time;
 use crate::{EngineCapacity, Gate};
 
 /// A request for the engine.
@@ -95,39 +95,41 @@ impl EngineStats {
     }
 }
 
-/// A simulated continuous-batching engine: one tokio task per data-parallel
-/// rank. Cheap to clone; clones share the engine. Its tasks end when the
-/// handle and every [`TokenStream`] have been dropped.
+/// A simulated continuous-batching engine: one task per data-parallel rank.
+/// Cheap to clone; clones share the engine. Its tasks end when the handle
+/// and every [`TokenStream`] have been dropped.
 ///
 /// The engine takes every request it is given into its own unbounded
 /// waiting queue, as an engine does without admission control in front of
-/// it. Under a paused tokio clock it runs in virtual time and is
-/// deterministic: no wall clock, no randomness.
+/// it. Made inside a [`VirtualRuntime`](super::VirtualRuntime) it runs in
+/// virtual time and is deterministic: no wall clock, no randomness; made
+/// on a tokio runtime it runs in real time (scaled by
+/// [`EngineConfig::time_scale`]), on tokio's timer.
 ///
 /// Implements [`tower::Service`]: the response
 /// future resolves as soon as the engine has queued the request, like
 /// the response headers of a streaming HTTP answer.
 ///
 /// ```
-/// use tower_admission::sim::{EngineConfig, Request, SimEngine};
+/// use std::time::Duration;
+/// use tower_admission::sim::{self, EngineConfig, Request, SimEngine, VirtualRuntime};
 ///
-/// # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true)
-/// #     .build().unwrap().block_on(async {
-/// let engine = SimEngine::new(EngineConfig::default());
-/// let start = tokio::time::Instant::now();
-/// let mut stream = engine
-///     .submit(Request { prompt_tokens: 100, output_tokens: 3, rank: None })
-///     .unwrap();
-/// let first = stream.next_token().await.unwrap();
-/// // One step: 5753 µs + 100 × 17.25 µs, on tokio's 1 ms timer grid.
-/// assert_eq!(start.elapsed().as_millis(), 8);
-/// assert_eq!(first.index, 0);
-/// while let Some(token) = stream.next_token().await {
-///     if token.last {
-///         assert_eq!(token.index, 2);
+/// VirtualRuntime::new().block_on(async {
+///     let engine = SimEngine::new(EngineConfig::default());
+///     let start = sim::now();
+///     let mut stream = engine
+///         .submit(Request { prompt_tokens: 100, output_tokens: 3, rank: None })
+///         .unwrap();
+///     let first = stream.next_token().await.unwrap();
+///     // One step: 5753 µs + 100 × 17.25 µs.
+///     assert_eq!(sim::now() - start, Duration::from_micros(7478));
+///     assert_eq!(first.index, 0);
+///     while let Some(token) = stream.next_token().await {
+///         if token.last {
+///             assert_eq!(token.index, 2);
+///         }
 ///     }
-/// }
-/// # });
+/// });
 /// ```
 #[derive(Clone)]
 pub struct SimEngine {
@@ -189,7 +191,7 @@ impl SimEngine {
             .map(|_| {
                 let (commands, receiver) = mpsc::unbounded_channel();
                 let shared = Arc::new(RankShared::default());
-                tokio::spawn(run_rank(config.clone(), receiver, Arc::clone(&shared)));
+                time::spawn(run_rank(config.clone(), receiver, Arc::clone(&shared)));
                 RankHandle { commands, shared }
             })
             .collect();
@@ -364,16 +366,16 @@ impl Drop for TokenStream {
 /// there is none.
 ///
 /// The rank keeps its own clock in exact model time (`clock`, since
-/// `epoch`): tokio's timer has a 1 ms grid, so a step wakes up to 1 ms late,
-/// but the next step starts from the exact end of this one and the error
-/// never accumulates.
+/// `epoch`): tokio's timer has a 1 ms grid, so on tokio a step wakes up to
+/// 1 ms late, but the next step starts from the exact end of this one and
+/// the error never accumulates. (The virtual clock has no grid.)
 async fn run_rank(
     config: EngineConfig,
     mut commands: mpsc::UnboundedReceiver<Command>,
     shared: Arc<RankShared>,
 ) {
     let mut scheduler = Scheduler::new(&config);
-    let epoch = Instant::now();
+    let epoch = time::now();
     let mut clock = Duration::ZERO;
     let mut stats = EngineStats::default();
     loop {
@@ -388,7 +390,7 @@ async fn run_rank(
             }
             // Idle until now: the next step starts now, not when the
             // last one ended.
-            clock = clock.max(epoch.elapsed().div_f64(config.time_scale));
+            clock = clock.max((time::now() - epoch).div_f64(config.time_scale));
             continue;
         }
         let batch: Batch = scheduler.schedule();
@@ -396,7 +398,7 @@ async fn run_rank(
             .step_time
             .of(batch.prefill_tokens, batch.decode_tokens);
         clock += step;
-        tokio::time::sleep_until(epoch + clock.mul_f64(config.time_scale)).await;
+        time::sleep_until(epoch + clock.mul_f64(config.time_scale)).await;
         let finished = scheduler.complete(|sender, token| {
             // A receiver that is gone has sent its cancellation, which
             // is taken in before the next step.
@@ -445,7 +447,8 @@ fn publish<P>(scheduler: &Scheduler<P>, shared: &RankShared, stats: &mut EngineS
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::StepTime;
+    use crate::sim::{StepTime, VirtualRuntime};
+    use tokio::time::Instant;
 
     fn paused() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -495,6 +498,21 @@ mod tests {
             assert_eq!(ends, [7, 12, 18, 24]);
             assert!(times[3].1);
             assert_eq!(engine.stats().completed, 1);
+        });
+    }
+
+    #[test]
+    fn in_virtual_time_steps_end_exactly_on_the_model_clock() {
+        VirtualRuntime::new().block_on(async {
+            let engine = SimEngine::new(EngineConfig::default());
+            let start = time::now();
+            let mut stream = engine.submit(request(16, 4)).unwrap();
+            let mut ends = Vec::new();
+            while let Some(token) = stream.next_token().await {
+                ends.push((time::now() - start).as_micros());
+            }
+            // No timer grid: 6029 µs of prefill, then 5759 µs per decode.
+            assert_eq!(ends, [6029, 11788, 17547, 23306]);
         });
     }
 

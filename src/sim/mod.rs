@@ -15,30 +15,29 @@
 //!   against offered load with no admission control,
 //!   `tower::limit::ConcurrencyLimit`, and the [`Gate`](crate::Gate).
 //!
-//! Run the engine on a current-thread tokio runtime with a paused clock
-//! (`start_paused(true)`, which is why this feature enables tokio's
-//! `test-util`) and it runs in virtual time: a minute of GPU work takes
-//! milliseconds, and a run is deterministic for a seed. On a real-time
-//! clock, [`EngineConfig::time_scale`] speeds it up or slows it down.
+//! Make and run the engine inside a [`VirtualRuntime`] and it runs in
+//! virtual time: a minute of GPU work takes milliseconds, and a run is
+//! deterministic for a seed (see [`time`]; no tokio `test-util` needed).
+//! On a tokio runtime it runs in real time, and
+//! [`EngineConfig::time_scale`] speeds it up or slows it down.
 //!
 //! ```
-//! use tower_admission::sim::{EngineConfig, Request, SimEngine};
+//! use tower_admission::sim::{EngineConfig, Request, SimEngine, VirtualRuntime};
 //! use tower_admission::{AdmissionConfig, Gate};
 //!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true)
-//! #     .build().unwrap().block_on(async {
-//! let engine = SimEngine::new(EngineConfig::default());
-//! let gate = Gate::new(AdmissionConfig::new());
-//! engine.report_to(&gate); // the gate's limits follow max_num_seqs
+//! VirtualRuntime::new().block_on(async {
+//!     let engine = SimEngine::new(EngineConfig::default());
+//!     let gate = Gate::new(AdmissionConfig::new());
+//!     engine.report_to(&gate); // the gate's limits follow max_num_seqs
 //!
-//! let mut permit = gate.acquire(Some(0)).await.expect("room");
-//! let request = Request { prompt_tokens: 161, output_tokens: 338, rank: permit.rank() };
-//! let mut stream = engine.submit(request).unwrap();
-//! stream.next_token().await.unwrap();
-//! permit.first_token();
-//! while stream.next_token().await.is_some() {}
-//! drop(permit); // the response ended
-//! # });
+//!     let mut permit = gate.acquire(Some(0)).await.expect("room");
+//!     let request = Request { prompt_tokens: 161, output_tokens: 338, rank: permit.rank() };
+//!     let mut stream = engine.submit(request).unwrap();
+//!     stream.next_token().await.unwrap();
+//!     permit.first_token();
+//!     while stream.next_token().await.is_some() {}
+//!     drop(permit); // the response ended
+//! });
 //! ```
 //!
 //! What the model leaves out: prefix caching, speculative decoding, CUDA
@@ -49,8 +48,10 @@ mod config;
 mod engine;
 mod scheduler;
 pub mod sweep;
+pub mod time;
 mod workload;
 
 pub use self::config::{EngineConfig, StepTime, Token};
 pub use self::engine::{EngineStats, Request, SimEngine, SubmitError, TokenStream};
+pub use self::time::{VirtualRuntime, now, sleep, sleep_until, spawn};
 pub use self::workload::{Arrival, Arrivals, Lengths, Workload};

@@ -8,7 +8,7 @@
 //! | [`ConcurrencyLimit`](System::ConcurrencyLimit) | `tower::limit::ConcurrencyLimit` with `max_num_seqs × dp_ranks` permits. Its permit is released when the response future resolves — at the response headers, as soon as the engine has queued the request — so it never holds back a streaming engine |
 //! | [`Gate`](System::Gate) | a [`Gate`] with [`SweepConfig::gate`] (defaults: every limit follows the engine's report): `acquire` before the engine, [`Permit::first_token`] at the first token, the permit dropped at the end of the stream; rejections answered at once |
 //!
-//! Each point is one run on its own paused current-thread runtime, so the
+//! Each point is one run on its own [`VirtualRuntime`], so the
 //! whole sweep is deterministic for a seed, and the runs are spread over
 //! threads. Clients are open-loop and patient: they never give up on a
 //! request and never retry a rejection.
@@ -42,6 +42,7 @@ use tower::limit::ConcurrencyLimit;
 
 use super::config::{EngineConfig, Token};
 use super::engine::{Request, SimEngine, SubmitError, TokenStream};
+use super::time::{self, VirtualRuntime};
 use super::workload::{Lengths, Workload};
 use crate::{AdmissionConfig, Gate, Permit};
 
@@ -280,12 +281,8 @@ impl Sweep {
     }
 }
 
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime")
+fn paused_runtime() -> VirtualRuntime {
+    VirtualRuntime::new()
 }
 
 /// Measures the engine's capacity in requests per second: `max_num_seqs`
@@ -297,13 +294,13 @@ pub fn measure_capacity(config: &SweepConfig) -> f64 {
         let ranks = config.engine.dp_ranks;
         let requests = Arc::new(Mutex::new(config.workload(1.0).arrivals(config.seed)));
         let completed = Arc::new(AtomicUsize::new(0));
-        let window_start = Instant::now() + config.warmup;
+        let window_start = time::now() + config.warmup;
         let window_end = window_start + config.window;
         for client in 0..config.engine.max_num_seqs * ranks {
             let engine = engine.clone();
             let requests = Arc::clone(&requests);
             let completed = Arc::clone(&completed);
-            tokio::spawn(async move {
+            time::spawn(async move {
                 loop {
                     let next = lock(&requests).next().expect("arrivals never end");
                     let request = Request {
@@ -315,7 +312,7 @@ pub fn measure_capacity(config: &SweepConfig) -> f64 {
                         return;
                     };
                     while let Some(token) = stream.next_token().await {
-                        let now = Instant::now();
+                        let now = time::now();
                         if token.last && now >= window_start && now < window_end {
                             completed.fetch_add(1, Ordering::Relaxed);
                         }
@@ -323,7 +320,7 @@ pub fn measure_capacity(config: &SweepConfig) -> f64 {
                 }
             });
         }
-        tokio::time::sleep_until(window_end).await;
+        time::sleep_until(window_end).await;
         completed.load(Ordering::Relaxed) as f64 / config.window.as_secs_f64()
     })
 }
@@ -501,7 +498,7 @@ async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64
         }
     };
     let offered = load * capacity;
-    let start = Instant::now();
+    let start = time::now();
     let window_start = start + config.warmup;
     let window_end = window_start + config.window;
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -510,14 +507,14 @@ async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64
     let ttft_objective = config.slo.ttft;
 
     let arrivals = config.workload(offered).arrivals(config.seed);
-    let generator = tokio::spawn({
+    time::spawn({
         let ledger = Arc::clone(&ledger);
         let notify = Arc::clone(&notify);
         let engine = engine.clone();
         async move {
             for (index, arrival) in arrivals.enumerate() {
                 let at = start + arrival.at;
-                tokio::time::sleep_until(at).await;
+                time::sleep_until(at).await;
                 let engine_queue = engine.stats().waiting;
                 {
                     let mut ledger_now = lock(&ledger);
@@ -555,7 +552,7 @@ async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64
                     rank: Some((index % ranks) as u32),
                 };
                 let started = front.clone().start(request);
-                tokio::spawn(client(started, at + ttft_objective, entry));
+                time::spawn(client(started, at + ttft_objective, entry));
             }
         }
     });
@@ -569,8 +566,8 @@ async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64
         }
         notify.notified().await;
     }
-    let end = Instant::now();
-    generator.abort();
+    let end = time::now();
+    // The generator goes on; it is dropped with the runtime.
     let ledger = lock(&ledger);
     let Outcomes {
         rejected,
@@ -605,9 +602,9 @@ async fn client(
     let mut started = pin!(started);
     let started = match &entry {
         None => started.await,
-        Some(entry) => match tokio::time::timeout_at(ttft_deadline, started.as_mut()).await {
-            Ok(started) => started,
-            Err(_elapsed) => {
+        Some(entry) => match time::timeout_at(ttft_deadline, started.as_mut()).await {
+            Some(started) => started,
+            None => {
                 // Too late to be good: the run need not wait for it, but the
                 // client still waits, and the engine still works for it.
                 entry.resolve();
@@ -636,7 +633,7 @@ async fn client(
         }
     };
     if let Some(entry) = &entry {
-        let now = Instant::now();
+        let now = time::now();
         entry.update(|record| record.first_token = Some(now));
     }
     let mut tokens = 1;
@@ -653,7 +650,7 @@ async fn client(
     // The response ends: the gate's capacity goes back.
     drop(permit);
     if let Some(entry) = &entry {
-        let now = Instant::now();
+        let now = time::now();
         entry.update(|record| {
             record.finished = Some(now);
             record.tokens = tokens;
