@@ -54,4 +54,4 @@ mod workload;
 pub use self::config::{EngineConfig, StepTime, Token};
 pub use self::engine::{EngineStats, Request, SimEngine, SubmitError, TokenStream};
 pub use self::time::{VirtualRuntime, now, sleep, sleep_until, spawn};
-pub use self::workload::{Arrival, Arrivals, Lengths, Workload};
+pub use self::workload::{Arrival, Arrivals, Lengths, MixPart, Workload};
