@@ -48,6 +48,9 @@ usage: overload [--fast] [--scenario NAME|all]... [--loads X,Y,..] [--seed N]
 /// The loads the goals are stated for.
 const GOAL_LOADS: [f64; 3] = [2.0, 4.0, 8.0];
 
+/// The loads of the summary table.
+const SUMMARY_LOADS: [f64; 4] = [1.0, 2.0, 4.0, 8.0];
+
 /// How far below the best alternative a gate row may be and still count as
 /// "at least as much", as a fraction of capacity: the spread of one
 /// system's goodput between seeds at the same load.
@@ -307,22 +310,23 @@ fn row(point: &Point) -> String {
 }
 
 /// One line per system: goodput as a fraction of capacity and p99 TTFT at
-/// 2×, 4× and 8×, and at 8× the sends per request and the share given up.
+/// 1×, 2×, 4× and 8×, and at 8× the sends per request and the share given
+/// up.
 fn summary(result: &Sweep, config: &SweepConfig) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| {:<24} | {:>16} | {:>24} | {:>9} | {:>10} |",
-        "system", "goodput 2x/4x/8x", "p99 TTFT 2x / 4x / 8x", "sends 8x", "gave up 8x"
+        "| {:<24} | {:>22} | {:>32} | {:>9} | {:>10} |",
+        "system", "goodput 1x/2x/4x/8x", "p99 TTFT 1x / 2x / 4x / 8x", "sends 8x", "gave up 8x"
     );
     let _ = writeln!(
         out,
-        "|{}|-----------------:|-------------------------:|----------:|-----------:|",
+        "|{}|-----------------------:|---------------------------------:|----------:|-----------:|",
         "-".repeat(26)
     );
     for &system in &config.systems {
         let at = |load| result.point(system, load);
-        let goodput: Vec<String> = GOAL_LOADS
+        let goodput: Vec<String> = SUMMARY_LOADS
             .iter()
             .map(|&l| {
                 at(l).map_or("-".into(), |p| {
@@ -330,7 +334,7 @@ fn summary(result: &Sweep, config: &SweepConfig) -> String {
                 })
             })
             .collect();
-        let ttft: Vec<String> = GOAL_LOADS
+        let ttft: Vec<String> = SUMMARY_LOADS
             .iter()
             .map(|&l| {
                 at(l)
@@ -341,7 +345,7 @@ fn summary(result: &Sweep, config: &SweepConfig) -> String {
         let eight = at(8.0);
         let _ = writeln!(
             out,
-            "| {:<24} | {:>16} | {:>24} | {:>9} | {:>10} |",
+            "| {:<24} | {:>22} | {:>32} | {:>9} | {:>10} |",
             system.name(),
             goodput.join(" / "),
             ttft.join(" / "),

@@ -556,7 +556,7 @@ impl Calibration {
     pub const LOAD: f64 = 0.9;
 
     /// Measures the capacity, then sizes the gate with a
-    /// [`Sampler`](crate::sizing::Sampler) on a run at [`Self::LOAD`] ×
+    /// [`Sampler`] on a run at [`Self::LOAD`] ×
     /// capacity (every request ranked, patient clients).
     pub fn measure(config: &SweepConfig) -> Calibration {
         let capacity = measure_capacity(config);
