@@ -10,10 +10,15 @@
 //!   prefill chunk, then one token per step. Dropping a [`TokenStream`]
 //!   cancels its request.
 //! - [`Workload`]: seeded open-loop arrivals (Poisson, or gamma for
-//!   burstiness) with ShareGPT-like prompt and output lengths.
-//! - [`sweep`]: the overload experiment of `examples/overload.rs` — goodput
-//!   against offered load with no admission control,
-//!   `tower::limit::ConcurrencyLimit`, and the [`Gate`](crate::Gate).
+//!   burstiness) with ShareGPT-like prompt and output lengths, or a
+//!   long-prompt mix.
+//! - [`sweep`]: the overload evaluation of `examples/overload.rs` — goodput
+//!   and latency against offered load with no admission control,
+//!   `tower::limit::ConcurrencyLimit`, a TGI-style semaphore, a vLLM-style
+//!   cap and the [`Gate`](crate::Gate), with patient, retrying or impatient
+//!   clients.
+//! - [`VirtualRuntime`] and [`time`]: the virtual clock the simulations
+//!   run on.
 //!
 //! Make and run the engine inside a [`VirtualRuntime`] and it runs in
 //! virtual time: a minute of GPU work takes milliseconds, and a run is
