@@ -427,6 +427,8 @@ struct Chart<'a> {
     series: Vec<(System, Vec<(f64, f64)>)>,
     loads: &'a [f64],
     x_label: String,
+    /// A footnote under the x axis label.
+    note: Option<&'static str>,
 }
 
 fn goodput_plot(result: &Sweep, config: &SweepConfig, scenario: &Scenario) -> String {
@@ -462,6 +464,7 @@ fn goodput_plot(result: &Sweep, config: &SweepConfig, scenario: &Scenario) -> St
             .collect(),
         loads: &config.loads,
         x_label: format!("offered load (x capacity = {capacity:.1} req/s)"),
+        note: None,
     })
 }
 
@@ -506,6 +509,9 @@ fn ttft_plot(result: &Sweep, config: &SweepConfig, scenario: &Scenario) -> Strin
             .collect(),
         loads: &config.loads,
         x_label: "offered load (x capacity)".into(),
+        note: Some(
+            "where requests still waited for a first token at the end of a run, p99 is a lower bound",
+        ),
     })
 }
 
@@ -593,6 +599,13 @@ fn render(chart: &Chart) -> String {
         HEIGHT - 15.0,
         chart.x_label
     );
+    if let Some(note) = chart.note {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{LEFT}" y="{:.1}" font-size="10" fill="#555">{note}</text>"##,
+            HEIGHT - 2.0
+        );
+    }
     let _ = writeln!(
         svg,
         r#"<text transform="translate(20 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
