@@ -10,127 +10,11 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
+use super::config::{EngineConfig, Token};
 use super::scheduler::{Batch, Scheduler};
+use super::time;
 use crate::{EngineCapacity, Gate};
-
-/// Step time of the engine: `base + per_prefill_token × prefill tokens +
-/// per_decode_token × decode tokens`, the linear fit that serving simulators
-/// (Vidur, BLIS) make of a real engine's forward pass.
-///
-/// The default is a fit for an 8B model (Llama 3.1 8B) on one H100:
-/// 5753 µs + 17.25 µs per prefill token + 6.0 µs per decode token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepTime {
-    /// Fixed cost of a step (`beta0`): scheduling, kernel launches, sampling.
-    pub base: Duration,
-    /// Cost of each prompt token computed in the step (`beta1`).
-    pub per_prefill_token: Duration,
-    /// Cost of each decoding request in the step (`beta2`).
-    pub per_decode_token: Duration,
-}
-
-impl Default for StepTime {
-    fn default() -> Self {
-        StepTime {
-            base: Duration::from_micros(5753),
-            per_prefill_token: Duration::from_nanos(17_250),
-            per_decode_token: Duration::from_micros(6),
-        }
-    }
-}
-
-impl StepTime {
-    /// How long a step computing `prefill_tokens` prompt tokens and
-    /// `decode_tokens` decode tokens takes.
-    pub fn of(&self, prefill_tokens: usize, decode_tokens: usize) -> Duration {
-        let count = |n: usize| u32::try_from(n).expect("a step of fewer than 2^32 tokens");
-        self.base
-            + self.per_prefill_token * count(prefill_tokens)
-            + self.per_decode_token * count(decode_tokens)
-    }
-}
-
-/// The shape of a simulated engine. The default is vLLM serving an 8B model
-/// on one H100 per rank:
-///
-/// | field | default | why |
-/// |---|---|---|
-/// | `max_num_seqs` | 256 | vLLM's `max_num_seqs` (BLIS's default too) |
-/// | `max_num_batched_tokens` | 2048 | vLLM's chunked-prefill budget (BLIS's default); small chunks keep decodes flowing while long prompts prefill |
-/// | `block_size` | 16 | vLLM's KV block size |
-/// | `kv_blocks` | 24 000 | 384 000 tokens: Llama 3.1 8B keeps 128 KiB of KV per token (32 layers × 8 KV heads × 128 × K,V × 2 bytes), and an 80 GB H100 at `gpu_memory_utilization` 0.9 has about 47 GiB left after the weights and activations |
-/// | `step_time` | [`StepTime::default`] | |
-/// | `dp_ranks` | 1 | |
-/// | `time_scale` | 1.0 | |
-///
-/// With ShareGPT-like requests (161 prompt and 338 output tokens on
-/// average) 256 running requests use about 5 000 blocks, so KV runs out —
-/// and requests are preempted — only with longer contexts or a smaller
-/// cache.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// Requests one rank runs at once (vLLM's `max_num_seqs`); this is what
-    /// the engine reports to the gate.
-    pub max_num_seqs: usize,
-    /// Token budget of one step, shared by decodes (one token each) and
-    /// prefill chunks (vLLM's `max_num_batched_tokens`).
-    pub max_num_batched_tokens: usize,
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// KV blocks of one rank.
-    pub kv_blocks: usize,
-    /// Step time model.
-    pub step_time: StepTime,
-    /// Data-parallel ranks: independent engines behind one handle.
-    pub dp_ranks: usize,
-    /// Wall-clock seconds per simulated second when the tokio clock runs
-    /// in real time: 0.1 runs ten times faster than the modelled GPU. It
-    /// changes nothing under a paused (virtual) clock except the reading of
-    /// `Instant::now()`: every latency a client measures is scaled by it.
-    pub time_scale: f64,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
-            block_size: 16,
-            kv_blocks: 24_000,
-            step_time: StepTime::default(),
-            dp_ranks: 1,
-            time_scale: 1.0,
-        }
-    }
-}
-
-impl EngineConfig {
-    /// What the engine reports to a gate: `max_num_seqs` per rank and the
-    /// number of ranks.
-    pub fn capacity(&self) -> EngineCapacity {
-        EngineCapacity::new(self.max_num_seqs, self.dp_ranks)
-    }
-
-    #[track_caller]
-    fn validate(&self) {
-        let positive = [
-            ("max_num_seqs", self.max_num_seqs),
-            ("max_num_batched_tokens", self.max_num_batched_tokens),
-            ("block_size", self.block_size),
-            ("kv_blocks", self.kv_blocks),
-            ("dp_ranks", self.dp_ranks),
-        ];
-        for (name, value) in positive {
-            assert!(value > 0, "EngineConfig::{name} must be positive");
-        }
-        assert!(
-            self.time_scale.is_finite() && self.time_scale > 0.0,
-            "EngineConfig::time_scale must be positive"
-        );
-    }
-}
 
 /// A request for the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,15 +27,6 @@ pub struct Request {
     /// The data-parallel rank to run on; `None` lets the engine pick the
     /// rank with the fewest unfinished requests.
     pub rank: Option<u32>,
-}
-
-/// One generated token of a [`TokenStream`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Token {
-    /// Position in the output, from 0.
-    pub index: usize,
-    /// Whether this is the last token: the stream ends after it.
-    pub last: bool,
 }
 
 /// Why the engine did not take a request.
@@ -220,39 +95,41 @@ impl EngineStats {
     }
 }
 
-/// A simulated continuous-batching engine: one tokio task per data-parallel
-/// rank. Cheap to clone; clones share the engine. Its tasks end when the
-/// handle and every [`TokenStream`] have been dropped.
+/// A simulated continuous-batching engine: one task per data-parallel rank.
+/// Cheap to clone; clones share the engine. Its tasks end when the handle
+/// and every [`TokenStream`] have been dropped.
 ///
 /// The engine takes every request it is given into its own unbounded
 /// waiting queue, as an engine does without admission control in front of
-/// it. Under a paused tokio clock it runs in virtual time and is
-/// deterministic: no wall clock, no randomness.
+/// it. Made inside a [`VirtualRuntime`](super::VirtualRuntime) it runs in
+/// virtual time and is deterministic: no wall clock, no randomness; made
+/// on a tokio runtime it runs in real time (scaled by
+/// [`EngineConfig::time_scale`]), on tokio's timer.
 ///
 /// Implements [`tower::Service`]: the response
 /// future resolves as soon as the engine has queued the request, like
 /// the response headers of a streaming HTTP answer.
 ///
 /// ```
-/// use tower_admission::sim::{EngineConfig, Request, SimEngine};
+/// use std::time::Duration;
+/// use tower_admission::sim::{self, EngineConfig, Request, SimEngine, VirtualRuntime};
 ///
-/// # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true)
-/// #     .build().unwrap().block_on(async {
-/// let engine = SimEngine::new(EngineConfig::default());
-/// let start = tokio::time::Instant::now();
-/// let mut stream = engine
-///     .submit(Request { prompt_tokens: 100, output_tokens: 3, rank: None })
-///     .unwrap();
-/// let first = stream.next_token().await.unwrap();
-/// // One step: 5753 µs + 100 × 17.25 µs, on tokio's 1 ms timer grid.
-/// assert_eq!(start.elapsed().as_millis(), 8);
-/// assert_eq!(first.index, 0);
-/// while let Some(token) = stream.next_token().await {
-///     if token.last {
-///         assert_eq!(token.index, 2);
+/// VirtualRuntime::new().block_on(async {
+///     let engine = SimEngine::new(EngineConfig::default());
+///     let start = sim::now();
+///     let mut stream = engine
+///         .submit(Request { prompt_tokens: 100, output_tokens: 3, rank: None })
+///         .unwrap();
+///     let first = stream.next_token().await.unwrap();
+///     // One step: 5753 µs + 100 × 17.25 µs.
+///     assert_eq!(sim::now() - start, Duration::from_micros(7478));
+///     assert_eq!(first.index, 0);
+///     while let Some(token) = stream.next_token().await {
+///         if token.last {
+///             assert_eq!(token.index, 2);
+///         }
 ///     }
-/// }
-/// # });
+/// });
 /// ```
 #[derive(Clone)]
 pub struct SimEngine {
@@ -314,7 +191,7 @@ impl SimEngine {
             .map(|_| {
                 let (commands, receiver) = mpsc::unbounded_channel();
                 let shared = Arc::new(RankShared::default());
-                tokio::spawn(run_rank(config.clone(), receiver, Arc::clone(&shared)));
+                time::spawn(run_rank(config.clone(), receiver, Arc::clone(&shared)));
                 RankHandle { commands, shared }
             })
             .collect();
@@ -489,16 +366,16 @@ impl Drop for TokenStream {
 /// there is none.
 ///
 /// The rank keeps its own clock in exact model time (`clock`, since
-/// `epoch`): tokio's timer has a 1 ms grid, so a step wakes up to 1 ms late,
-/// but the next step starts from the exact end of this one and the error
-/// never accumulates.
+/// `epoch`): tokio's timer has a 1 ms grid, so on tokio a step wakes up to
+/// 1 ms late, but the next step starts from the exact end of this one and
+/// the error never accumulates. (The virtual clock has no grid.)
 async fn run_rank(
     config: EngineConfig,
     mut commands: mpsc::UnboundedReceiver<Command>,
     shared: Arc<RankShared>,
 ) {
     let mut scheduler = Scheduler::new(&config);
-    let epoch = Instant::now();
+    let epoch = time::now();
     let mut clock = Duration::ZERO;
     let mut stats = EngineStats::default();
     loop {
@@ -513,7 +390,7 @@ async fn run_rank(
             }
             // Idle until now: the next step starts now, not when the
             // last one ended.
-            clock = clock.max(epoch.elapsed().div_f64(config.time_scale));
+            clock = clock.max((time::now() - epoch).div_f64(config.time_scale));
             continue;
         }
         let batch: Batch = scheduler.schedule();
@@ -521,7 +398,7 @@ async fn run_rank(
             .step_time
             .of(batch.prefill_tokens, batch.decode_tokens);
         clock += step;
-        tokio::time::sleep_until(epoch + clock.mul_f64(config.time_scale)).await;
+        time::sleep_until(epoch + clock.mul_f64(config.time_scale)).await;
         let finished = scheduler.complete(|sender, token| {
             // A receiver that is gone has sent its cancellation, which
             // is taken in before the next step.
@@ -570,6 +447,8 @@ fn publish<P>(scheduler: &Scheduler<P>, shared: &RankShared, stats: &mut EngineS
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::{StepTime, VirtualRuntime};
+    use tokio::time::Instant;
 
     fn paused() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -619,6 +498,21 @@ mod tests {
             assert_eq!(ends, [7, 12, 18, 24]);
             assert!(times[3].1);
             assert_eq!(engine.stats().completed, 1);
+        });
+    }
+
+    #[test]
+    fn in_virtual_time_steps_end_exactly_on_the_model_clock() {
+        VirtualRuntime::new().block_on(async {
+            let engine = SimEngine::new(EngineConfig::default());
+            let start = time::now();
+            let mut stream = engine.submit(request(16, 4)).unwrap();
+            let mut ends = Vec::new();
+            while stream.next_token().await.is_some() {
+                ends.push((time::now() - start).as_micros());
+            }
+            // No timer grid: 6029 µs of prefill, then 5759 µs per decode.
+            assert_eq!(ends, [6029, 11788, 17547, 23306]);
         });
     }
 

@@ -10,47 +10,53 @@
 //!   prefill chunk, then one token per step. Dropping a [`TokenStream`]
 //!   cancels its request.
 //! - [`Workload`]: seeded open-loop arrivals (Poisson, or gamma for
-//!   burstiness) with ShareGPT-like prompt and output lengths.
-//! - [`sweep`]: the overload experiment of `examples/overload.rs` — goodput
-//!   against offered load with no admission control,
-//!   `tower::limit::ConcurrencyLimit`, and the [`Gate`](crate::Gate).
+//!   burstiness) with ShareGPT-like prompt and output lengths, or a
+//!   long-prompt mix.
+//! - [`sweep`]: the overload evaluation of `examples/overload.rs` — goodput
+//!   and latency against offered load with no admission control,
+//!   `tower::limit::ConcurrencyLimit`, a TGI-style semaphore, a vLLM-style
+//!   cap and the [`Gate`](crate::Gate), with patient, retrying or impatient
+//!   clients.
+//! - [`VirtualRuntime`] and [`time`]: the virtual clock the simulations
+//!   run on.
 //!
-//! Run the engine on a current-thread tokio runtime with a paused clock
-//! (`start_paused(true)`, which is why this feature enables tokio's
-//! `test-util`) and it runs in virtual time: a minute of GPU work takes
-//! milliseconds, and a run is deterministic for a seed. On a real-time
-//! clock, [`EngineConfig::time_scale`] speeds it up or slows it down.
+//! Make and run the engine inside a [`VirtualRuntime`] and it runs in
+//! virtual time: a minute of GPU work takes milliseconds, and a run is
+//! deterministic for a seed (see [`time`]; no tokio `test-util` needed).
+//! On a tokio runtime it runs in real time, and
+//! [`EngineConfig::time_scale`] speeds it up or slows it down.
 //!
 //! ```
-//! use tower_admission::sim::{EngineConfig, Request, SimEngine};
+//! use tower_admission::sim::{EngineConfig, Request, SimEngine, VirtualRuntime};
 //! use tower_admission::{AdmissionConfig, Gate};
 //!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true)
-//! #     .build().unwrap().block_on(async {
-//! let engine = SimEngine::new(EngineConfig::default());
-//! let gate = Gate::new(AdmissionConfig::new());
-//! engine.report_to(&gate); // the gate's limits follow max_num_seqs
+//! VirtualRuntime::new().block_on(async {
+//!     let engine = SimEngine::new(EngineConfig::default());
+//!     let gate = Gate::new(AdmissionConfig::new());
+//!     engine.report_to(&gate); // the gate's limits follow max_num_seqs
 //!
-//! let mut permit = gate.acquire(Some(0)).await.expect("room");
-//! let request = Request { prompt_tokens: 161, output_tokens: 338, rank: permit.rank() };
-//! let mut stream = engine.submit(request).unwrap();
-//! stream.next_token().await.unwrap();
-//! permit.first_token();
-//! while stream.next_token().await.is_some() {}
-//! drop(permit); // the response ended
-//! # });
+//!     let mut permit = gate.acquire(Some(0)).await.expect("room");
+//!     let request = Request { prompt_tokens: 161, output_tokens: 338, rank: permit.rank() };
+//!     let mut stream = engine.submit(request).unwrap();
+//!     stream.next_token().await.unwrap();
+//!     permit.first_token();
+//!     while stream.next_token().await.is_some() {}
+//!     drop(permit); // the response ended
+//! });
 //! ```
 //!
 //! What the model leaves out: prefix caching, speculative decoding, CUDA
 //! graph padding, swapping instead of recomputing, and per-request variation
 //! in step cost beyond the token counts.
 
+mod config;
 mod engine;
 mod scheduler;
 pub mod sweep;
+pub mod time;
 mod workload;
 
-pub use self::engine::{
-    EngineConfig, EngineStats, Request, SimEngine, StepTime, SubmitError, Token, TokenStream,
-};
-pub use self::workload::{Arrival, Arrivals, Lengths, Workload};
+pub use self::config::{EngineConfig, StepTime, Token};
+pub use self::engine::{EngineStats, Request, SimEngine, SubmitError, TokenStream};
+pub use self::time::{VirtualRuntime, now, sleep, sleep_until, spawn};
+pub use self::workload::{Arrival, Arrivals, Lengths, MixPart, Workload};

@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use super::engine::{EngineConfig, Token};
+use super::config::{EngineConfig, Token};
 
 /// One request inside the engine.
 #[derive(Debug)]

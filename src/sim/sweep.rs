@@ -1,33 +1,45 @@
-//! The overload sweep behind `examples/overload.rs`: offered load from below
-//! to far above the engine's capacity, for three systems in front of the
-//! same simulated engine, in virtual time.
+//! The overload evaluation behind `examples/overload.rs`: offered load from
+//! below to far above the engine's capacity, for the admission policies a
+//! user would pick instead of this crate and for the [`Gate`], in front of
+//! the same simulated engine, in virtual time.
 //!
 //! | [`System`] | in front of the engine |
 //! |---|---|
 //! | [`NoAdmission`](System::NoAdmission) | nothing: every request joins the engine's own unbounded queue |
-//! | [`ConcurrencyLimit`](System::ConcurrencyLimit) | `tower::limit::ConcurrencyLimit` with `max_num_seqs × dp_ranks` permits. Its permit is released when the response future resolves — at the response headers, as soon as the engine has queued the request — so it never holds back a streaming engine |
+//! | [`ConcurrencyLimit`](System::ConcurrencyLimit) | `tower::limit::ConcurrencyLimit` with `max_num_seqs × dp_ranks` permits. Its permit is released when the response future resolves — at the response head, as soon as the engine has queued the request — so it never holds back a streaming engine |
+//! | [`TgiSemaphore`](System::TgiSemaphore) | TGI's router: a semaphore of [`SweepConfig::tgi_permits`] (default `max_num_seqs × dp_ranks`) taken with `try_acquire` and held for the whole stream; no queue, an immediate rejection when it is empty |
+//! | [`VllmCap`](System::VllmCap) | a vLLM-style cap: rejects when the requests in flight (waiting + running in the engine) reach `dp_ranks × max_num_seqs + queue`, with `queue` = [`SweepConfig::vllm_queue`] (default `2 × max_num_seqs × dp_ranks`, the gate's default queue) |
 //! | [`Gate`](System::Gate) | a [`Gate`] with [`SweepConfig::gate`] (defaults: every limit follows the engine's report): `acquire` before the engine, [`Permit::first_token`] at the first token, the permit dropped at the end of the stream; rejections answered at once |
+//! | [`GateLittlesLaw`](System::GateLittlesLaw) | the gate with its engine request waiting limit sized by Little's law ([`sizing`](crate::sizing)) on a calibration run ([`Calibration`]) |
+//! | [`GateSizedForObjective`](System::GateSizedForObjective) | the same, and a request queue limit sized by Little's law for the first-token objective: the queue a rank drains within the objective's slack |
 //!
-//! Each point is one run on its own paused current-thread runtime, so the
-//! whole sweep is deterministic for a seed, and the runs are spread over
-//! threads. Clients are open-loop and patient: they never give up on a
-//! request and never retry a rejection.
+//! Rows for the gate's opt-in settings (token budgets, a TTFT objective)
+//! are added in one place, [`gate_config`], with a [`System`] variant each.
+//!
+//! Each point is one run on its own [`VirtualRuntime`], so the whole sweep
+//! is deterministic for a seed, and the runs are spread over threads.
+//! Arrivals are open-loop. What clients do is [`Clients`]: patient (they
+//! wait for every request to the end and never retry), retrying (rejected
+//! requests are sent again after a jittered exponential backoff, under a
+//! retry budget), or giving up (a request without a first token at its
+//! deadline is cancelled, wherever it waits).
 //!
 //! **Goodput** is the rate of requests that arrived in the measurement
 //! window and completed within both objectives of [`Slo`]: time to first
-//! token (from arrival, so queueing in front of the engine counts) and
+//! token (from the first send, so queueing, backoff and retries count) and
 //! time per output token (the mean gap between tokens after the first). A
-//! rejected request is never good. A run lasts until every request of the
-//! window has completed, been rejected, or missed its first-token objective;
-//! arrivals go on until then, so the load stays the same to the end.
+//! request rejected for good, or given up, is never good. A run lasts until
+//! every request of the window has completed, been rejected, been given up,
+//! or missed its first-token objective; arrivals go on until then, so the
+//! load stays the same to the end.
 //!
 //! The default objectives, TTFT ≤ 10 s and TPOT ≤ 100 ms, reflect one
 //! consequence of the gate's default queue limit (`2 × max_num_seqs`): at
 //! saturation a request waits for about two engine-lifetimes of the
-//! requests ahead of it (≈ 6–7 s with the default engine and ShareGPT-like
-//! requests). A tighter first-token objective, such as MLPerf's 2 s for this
-//! model, needs a shorter queue: set [`SweepConfig::gate`] (or
-//! `--queue-limit` in the example).
+//! requests ahead of it (≈ 6–7 s with ShareGPT-like requests). A tighter
+//! first-token objective, such as MLPerf's 2 s for this model, needs a
+//! shorter queue: [`System::GateSizedForObjective`] sizes one, or set
+//! [`SweepConfig::gate`] (`--queue-limit` in the example).
 
 use std::fmt;
 use std::pin::pin;
@@ -35,13 +47,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tower::Service;
 use tower::limit::ConcurrencyLimit;
 
-use super::engine::{EngineConfig, Request, SimEngine, SubmitError, Token, TokenStream};
+use super::config::{EngineConfig, Token};
+use super::engine::{Request, SimEngine, SubmitError, TokenStream};
+use super::time::{self, VirtualRuntime};
 use super::workload::{Lengths, Workload};
+use crate::sizing::{Estimate, Sampler};
 use crate::{AdmissionConfig, Gate, Permit};
 
 /// What stands between the clients and the engine.
@@ -51,21 +68,58 @@ pub enum System {
     NoAdmission,
     /// `tower::limit::ConcurrencyLimit` around the engine's `Service`.
     ConcurrencyLimit,
-    /// This crate's [`Gate`].
+    /// A TGI-style semaphore held for the whole stream, no queue.
+    TgiSemaphore,
+    /// A vLLM-style cap on requests in flight.
+    VllmCap,
+    /// This crate's [`Gate`] with [`SweepConfig::gate`].
     Gate,
+    /// The gate with a Little's-law engine request waiting limit.
+    GateLittlesLaw,
+    /// The gate with a Little's-law waiting limit and a request queue
+    /// limit sized for the first-token objective.
+    GateSizedForObjective,
 }
 
 impl System {
-    /// The three systems, in table order.
-    pub const ALL: [System; 3] = [System::NoAdmission, System::ConcurrencyLimit, System::Gate];
+    /// Every system, in table order.
+    pub const ALL: [System; 7] = [
+        System::NoAdmission,
+        System::ConcurrencyLimit,
+        System::TgiSemaphore,
+        System::VllmCap,
+        System::Gate,
+        System::GateLittlesLaw,
+        System::GateSizedForObjective,
+    ];
+
+    /// What a user would pick instead of this crate.
+    pub const ALTERNATIVES: [System; 4] = [
+        System::NoAdmission,
+        System::ConcurrencyLimit,
+        System::TgiSemaphore,
+        System::VllmCap,
+    ];
 
     /// A short name for tables and plots.
     pub fn name(&self) -> &'static str {
         match self {
             System::NoAdmission => "no admission control",
             System::ConcurrencyLimit => "tower ConcurrencyLimit",
-            System::Gate => "tower-admission Gate",
+            System::TgiSemaphore => "TGI-style semaphore",
+            System::VllmCap => "vLLM-style cap",
+            System::Gate => "gate, defaults",
+            System::GateLittlesLaw => "gate, Little's-law wait",
+            System::GateSizedForObjective => "gate, sized for TTFT",
         }
+    }
+
+    /// Whether this is the crate's gate in some configuration.
+    pub fn is_gate(&self) -> bool {
+        matches!(
+            self,
+            System::Gate | System::GateLittlesLaw | System::GateSizedForObjective
+        )
     }
 }
 
@@ -78,7 +132,7 @@ impl fmt::Display for System {
 /// Latency objectives of a good request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slo {
-    /// Time to first token, from arrival.
+    /// Time to first token, from the first send.
     pub ttft: Duration,
     /// Time per output token: the mean gap between tokens after the first.
     pub tpot: Duration,
@@ -94,13 +148,62 @@ impl Default for Slo {
     }
 }
 
+/// What clients do when a request is rejected or slow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Clients {
+    /// Wait for every request to the end; take a rejection as final.
+    Patient,
+    /// Send a rejected request again, as [`Retry`] says.
+    Retry(Retry),
+    /// Cancel a request that has no first token `after` its first send,
+    /// wherever it waits (a queue, the engine); take a rejection as final.
+    GiveUp {
+        /// The client's patience.
+        after: Duration,
+    },
+}
+
+/// Retries of rejected requests: jittered exponential backoff under a
+/// retry budget, never past the first-token objective (a retry that could
+/// only start after it is not sent).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retry {
+    /// Retries of one request at most.
+    pub max_retries: u32,
+    /// Backoff cap before the first retry; it doubles with every retry up
+    /// to `max_backoff`, and the wait is drawn uniformly below the cap
+    /// ("full jitter").
+    pub first_backoff: Duration,
+    /// Largest backoff cap.
+    pub max_backoff: Duration,
+    /// Retries earned per request sent for the first time (a token bucket
+    /// shared by all clients, as in gRPC and Finagle retry budgets).
+    pub budget_ratio: f64,
+    /// Size of the bucket, and its content at the start.
+    pub budget_reserve: f64,
+}
+
+impl Default for Retry {
+    /// Three retries, backoff 250 ms doubling to 4 s, a budget of 0.2
+    /// retries per request with a reserve of 10.
+    fn default() -> Self {
+        Retry {
+            max_retries: 3,
+            first_backoff: Duration::from_millis(250),
+            max_backoff: Duration::from_secs(4),
+            budget_ratio: 0.2,
+            budget_reserve: 10.0,
+        }
+    }
+}
+
 /// Everything a sweep depends on.
 #[derive(Debug, Clone)]
 pub struct SweepConfig {
     /// The simulated engine.
     pub engine: EngineConfig,
-    /// The gate's configuration for [`System::Gate`]; the engine reports its
-    /// capacity to the gate at start.
+    /// The gate's configuration for the gate systems; the engine reports
+    /// its capacity to the gate at start.
     pub gate: AdmissionConfig,
     /// Gamma shape of the arrival gaps (1 = Poisson).
     pub burstiness: f64,
@@ -108,13 +211,30 @@ pub struct SweepConfig {
     pub prompt_tokens: Lengths,
     /// Output lengths.
     pub output_tokens: Lengths,
+    /// Fraction of requests that name a rank (round-robin over the ranks);
+    /// the others are unranked (the gate counts them on the combined
+    /// capacity, the engine puts them on its least loaded rank).
+    pub ranked: f64,
+    /// What clients do on rejection or delay.
+    pub clients: Clients,
+    /// Permits of [`System::TgiSemaphore`]; `None`: `max_num_seqs ×
+    /// dp_ranks`.
+    pub tgi_permits: Option<usize>,
+    /// The `queue` of [`System::VllmCap`]; `None`: `2 × max_num_seqs ×
+    /// dp_ranks`.
+    pub vllm_queue: Option<usize>,
     /// Offered loads, as multiples of the engine's capacity.
     pub loads: Vec<f64>,
     /// The systems to compare.
     pub systems: Vec<System>,
     /// What makes a request good.
     pub slo: Slo,
-    /// Time from the start before measured arrivals begin.
+    /// Time from the start before measured arrivals begin. A run uses at
+    /// least 1.5 × the first-token objective ([`SweepConfig::warmup`]), so
+    /// that the queues of every system have filled (or, for clients that
+    /// give up, turned over) before the window: otherwise requests of the
+    /// window are served early, in place of a backlog that has not formed
+    /// yet, and goodput reads above capacity.
     pub warmup: Duration,
     /// Length of the window of measured arrivals.
     pub window: Duration,
@@ -126,8 +246,9 @@ pub struct SweepConfig {
 
 impl Default for SweepConfig {
     /// The full sweep: the default engine (256 sequences, one rank),
-    /// ShareGPT-like Poisson traffic, loads 0.5× to 4× in steps of 0.5, a
-    /// 10 s warm-up and a 40 s window, all three systems, seed 1.
+    /// ShareGPT-like Poisson traffic from patient clients, every request
+    /// ranked, loads 0.5× to 8×, a 15 s warm-up and a 60 s window, every
+    /// system, seed 1.
     fn default() -> Self {
         SweepConfig {
             engine: EngineConfig::default(),
@@ -135,11 +256,15 @@ impl Default for SweepConfig {
             burstiness: 1.0,
             prompt_tokens: Lengths::sharegpt_prompt(),
             output_tokens: Lengths::sharegpt_output(),
-            loads: vec![0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0],
+            ranked: 1.0,
+            clients: Clients::Patient,
+            tgi_permits: None,
+            vllm_queue: None,
+            loads: vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
             systems: System::ALL.to_vec(),
             slo: Slo::default(),
-            warmup: Duration::from_secs(10),
-            window: Duration::from_secs(40),
+            warmup: Duration::from_secs(15),
+            window: Duration::from_secs(60),
             seed: 1,
             threads: std::thread::available_parallelism().map_or(1, usize::from),
         }
@@ -148,16 +273,16 @@ impl Default for SweepConfig {
 
 impl SweepConfig {
     /// A quick sweep for tests: an engine of 64 sequences (a quarter of the
-    /// work per simulated second), loads 0.5×, 1×, 2× and 4×, a 5 s warm-up
-    /// and a 20 s window.
+    /// work per simulated second), loads 0.5×, 1×, 2×, 4× and 8×, a 15 s
+    /// warm-up and a 20 s window.
     pub fn fast() -> Self {
         SweepConfig {
             engine: EngineConfig {
                 max_num_seqs: 64,
                 ..EngineConfig::default()
             },
-            loads: vec![0.5, 1.0, 2.0, 4.0],
-            warmup: Duration::from_secs(5),
+            loads: vec![0.5, 1.0, 2.0, 4.0, 8.0],
+            warmup: Duration::from_secs(15),
             window: Duration::from_secs(20),
             ..SweepConfig::default()
         }
@@ -171,6 +296,91 @@ impl SweepConfig {
             output_tokens: self.output_tokens,
         }
     }
+
+    /// The warm-up a run uses: [`SweepConfig::warmup`], and at least 1.5 ×
+    /// the first-token objective.
+    pub fn warmup(&self) -> Duration {
+        self.warmup.max(self.slo.ttft.mul_f64(1.5))
+    }
+
+    fn total_seqs(&self) -> usize {
+        self.engine.max_num_seqs * self.engine.dp_ranks
+    }
+
+    /// The permits of [`System::TgiSemaphore`].
+    pub fn tgi_permits(&self) -> usize {
+        self.tgi_permits.unwrap_or(self.total_seqs())
+    }
+
+    /// The in-flight cap of [`System::VllmCap`]: `dp_ranks × max_num_seqs
+    /// + queue`.
+    pub fn vllm_cap(&self) -> usize {
+        self.total_seqs() + self.vllm_queue.unwrap_or(2 * self.total_seqs())
+    }
+}
+
+/// A named variation of a [`SweepConfig`]: one row group of the evaluation.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// A short name (`base`, `bursty`, ...), for flags and file names.
+    pub name: &'static str,
+    /// What differs from `base`.
+    pub description: &'static str,
+    /// The configuration.
+    pub config: SweepConfig,
+}
+
+/// The scenarios of the evaluation, each a variation of `base`:
+///
+/// | name | what differs |
+/// |---|---|
+/// | `base` | nothing: Poisson arrivals, ShareGPT-like lengths, patient clients, one rank |
+/// | `bursty` | gamma arrivals of shape 0.25 (gaps with 4× the variance of Poisson) |
+/// | `ranks` | four ranks; half the requests name a rank, half are unranked |
+/// | `long` | the long-prompt mix ([`Lengths::long_prompt_mix`]) |
+/// | `retry` | clients retry rejections ([`Retry::default`]) |
+/// | `give-up` | clients cancel a request without a first token at the TTFT objective |
+pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
+    let with = |f: &dyn Fn(&mut SweepConfig)| {
+        let mut config = base.clone();
+        f(&mut config);
+        config
+    };
+    vec![
+        Scenario {
+            name: "base",
+            description: "Poisson arrivals, ShareGPT-like lengths, patient clients",
+            config: base.clone(),
+        },
+        Scenario {
+            name: "bursty",
+            description: "gamma arrivals, shape 0.25",
+            config: with(&|c| c.burstiness = 0.25),
+        },
+        Scenario {
+            name: "ranks",
+            description: "4 ranks, half the requests ranked, half unranked",
+            config: with(&|c| {
+                c.engine.dp_ranks = 4;
+                c.ranked = 0.5;
+            }),
+        },
+        Scenario {
+            name: "long",
+            description: "long-prompt mix: 1 in 5 prompts ~3000 tokens",
+            config: with(&|c| c.prompt_tokens = Lengths::long_prompt_mix()),
+        },
+        Scenario {
+            name: "retry",
+            description: "clients retry rejections: 3 retries, backoff 250 ms..4 s, budget 0.2/request",
+            config: with(&|c| c.clients = Clients::Retry(Retry::default())),
+        },
+        Scenario {
+            name: "give-up",
+            description: "clients cancel at the TTFT objective without a first token",
+            config: with(&|c| c.clients = Clients::GiveUp { after: c.slo.ttft }),
+        },
+    ]
 }
 
 /// A latency percentile. When some requests had not had their first token
@@ -223,24 +433,38 @@ pub struct Point {
     pub system: System,
     /// Offered load as a multiple of the engine's capacity.
     pub load: f64,
-    /// Offered load, requests per second.
+    /// Offered load, requests per second (first sends only).
     pub offered: f64,
     /// Requests that arrived in the window.
     pub arrived: usize,
-    /// Of those, rejected by the system in front of the engine.
+    /// Sends of those requests, retries included.
+    pub sends: usize,
+    /// Of those requests, rejected for good (after any retries).
     pub rejected: usize,
+    /// Of those, given up by their client (cancelled).
+    pub abandoned: usize,
     /// Of those, completed before the run ended.
     pub completed: usize,
     /// Of those, completed within both objectives.
     pub good: usize,
     /// Good requests per second of window.
     pub goodput: f64,
-    /// Median time to first token of the requests that were not rejected.
+    /// Goodput as a fraction of the engine's capacity.
+    pub capacity_fraction: f64,
+    /// Median time to first token (from the first send) of the requests
+    /// that were admitted and not given up.
     pub ttft_p50: Option<Percentile>,
     /// 99th percentile of the same.
     pub ttft_p99: Option<Percentile>,
+    /// Median time per output token of the completed requests.
+    pub tpot_p50: Option<Duration>,
+    /// 99th percentile of the same.
+    pub tpot_p99: Option<Duration>,
     /// Preemptions in the engine over the whole run.
     pub preemptions: u64,
+    /// Requests cancelled inside the engine over the whole run: work the
+    /// engine queued or started for clients that left.
+    pub engine_cancelled: u64,
     /// The longest the engine's own waiting queue got over the run (sampled
     /// at each arrival): where the excess load waits without admission
     /// control.
@@ -249,16 +473,43 @@ pub struct Point {
     pub simulated: Duration,
 }
 
+impl Point {
+    /// Requests rejected for good, as a fraction of arrivals.
+    pub fn rejection_rate(&self) -> f64 {
+        ratio(self.rejected, self.arrived)
+    }
+
+    /// Sends per request: 1 without retries.
+    pub fn sends_per_request(&self) -> f64 {
+        ratio(self.sends, self.arrived)
+    }
+
+    /// Requests given up by their clients, as a fraction of arrivals.
+    pub fn abandon_rate(&self) -> f64 {
+        ratio(self.abandoned, self.arrived)
+    }
+}
+
+fn ratio(n: usize, of: usize) -> f64 {
+    if of == 0 { 0.0 } else { n as f64 / of as f64 }
+}
+
 /// The result of a sweep.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sweep {
-    /// The engine's measured capacity, requests per second.
-    pub capacity: f64,
+    /// The engine's measured capacity, requests per second, and the
+    /// Little's-law sizes.
+    pub calibration: Calibration,
     /// Every point, system by system, load by load, in configuration order.
     pub points: Vec<Point>,
 }
 
 impl Sweep {
+    /// The engine's measured capacity, requests per second.
+    pub fn capacity(&self) -> f64 {
+        self.calibration.capacity
+    }
+
     /// The points of one system, by increasing load.
     pub fn points_of(&self, system: System) -> impl Iterator<Item = &Point> {
         self.points
@@ -279,30 +530,102 @@ impl Sweep {
     }
 }
 
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime")
+/// What a sweep measures before its points: the engine's capacity and the
+/// gate's Little's-law sizes for the sized gate systems.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Calibration {
+    /// The engine's capacity, requests per second ([`measure_capacity`]).
+    pub capacity: f64,
+    /// Little's law on the engine waiting stage of rank 0, measured at
+    /// [`Calibration::LOAD`] × capacity with limits high enough that the
+    /// gate never queued: `C` admissions per second, `W` mean time from
+    /// admission to first token.
+    pub estimate: Estimate,
+    /// The engine request waiting limit per rank: `ceil(C × W)`.
+    pub waiting_limit: usize,
+    /// The request queue limit per rank for the first-token objective: the
+    /// requests a rank admits (at capacity) in half the slack the
+    /// objective leaves after `W`, by Little's law again. Half: the
+    /// objective bounds the 99th percentile, not the mean.
+    pub queue_for_objective: usize,
+}
+
+impl Calibration {
+    /// The load of the sizing run, as a multiple of capacity: a high,
+    /// steady load that meets the objectives.
+    pub const LOAD: f64 = 0.9;
+
+    /// Measures the capacity, then sizes the gate with a
+    /// [`Sampler`] on a run at [`Self::LOAD`] ×
+    /// capacity (every request ranked, patient clients).
+    pub fn measure(config: &SweepConfig) -> Calibration {
+        let capacity = measure_capacity(config);
+        let estimate = VirtualRuntime::new().block_on(sizing_run(config, capacity));
+        let per_rank = capacity / config.engine.dp_ranks as f64;
+        let slack = config.slo.ttft.saturating_sub(estimate.mean_wait()) / 2;
+        let queue_for_objective = (per_rank * slack.as_secs_f64()).floor() as usize;
+        Calibration {
+            capacity,
+            estimate,
+            waiting_limit: estimate.waiting_limit(),
+            queue_for_objective,
+        }
+    }
+}
+
+/// The gate's configuration for a gate `system`; `None` for the others.
+///
+/// This is where rows for the gate's opt-in settings go: when token
+/// budgets or a TTFT objective land, add a [`System`] variant each (to
+/// [`System::ALL`] too) and its configuration here, e.g. the engine waiting
+/// token limit from the prefill rate × the TTFT objective, or the
+/// objective itself from `config.slo.ttft`. A request's cost (prompt and
+/// output tokens) and deadline are at hand in `Front::start`, where the
+/// gate is asked.
+pub fn gate_config(
+    system: System,
+    config: &SweepConfig,
+    calibration: &Calibration,
+) -> Option<AdmissionConfig> {
+    match system {
+        System::Gate => Some(config.gate.clone()),
+        System::GateLittlesLaw => Some(
+            config
+                .gate
+                .clone()
+                .engine_request_waiting_limit(calibration.waiting_limit),
+        ),
+        System::GateSizedForObjective => Some(
+            config
+                .gate
+                .clone()
+                .engine_request_waiting_limit(calibration.waiting_limit)
+                .request_queue_limit(calibration.queue_for_objective),
+        ),
+        System::NoAdmission | System::ConcurrencyLimit | System::TgiSemaphore | System::VllmCap => {
+            None
+        }
+    }
 }
 
 /// Measures the engine's capacity in requests per second: `max_num_seqs`
 /// closed-loop clients per rank keep it full with the sweep's request
-/// lengths, and completions are counted over the window after the warm-up.
+/// lengths, and completions are counted over three windows after the
+/// warm-up (virtual time is cheap; a longer count is a steadier one).
 pub fn measure_capacity(config: &SweepConfig) -> f64 {
-    paused_runtime().block_on(async {
+    VirtualRuntime::new().block_on(async {
         let engine = SimEngine::new(config.engine.clone());
         let ranks = config.engine.dp_ranks;
         let requests = Arc::new(Mutex::new(config.workload(1.0).arrivals(config.seed)));
         let completed = Arc::new(AtomicUsize::new(0));
-        let window_start = Instant::now() + config.warmup;
-        let window_end = window_start + config.window;
+        let window = config.window * 3;
+        let window_start = time::now() + config.warmup;
+        let window_end = window_start + window;
         for client in 0..config.engine.max_num_seqs * ranks {
             let engine = engine.clone();
             let requests = Arc::clone(&requests);
             let completed = Arc::clone(&completed);
-            tokio::spawn(async move {
+            time::spawn(async move {
                 loop {
                     let next = lock(&requests).next().expect("arrivals never end");
                     let request = Request {
@@ -314,7 +637,7 @@ pub fn measure_capacity(config: &SweepConfig) -> f64 {
                         return;
                     };
                     while let Some(token) = stream.next_token().await {
-                        let now = Instant::now();
+                        let now = time::now();
                         if token.last && now >= window_start && now < window_end {
                             completed.fetch_add(1, Ordering::Relaxed);
                         }
@@ -322,16 +645,79 @@ pub fn measure_capacity(config: &SweepConfig) -> f64 {
                 }
             });
         }
-        tokio::time::sleep_until(window_end).await;
-        completed.load(Ordering::Relaxed) as f64 / config.window.as_secs_f64()
+        time::sleep_until(window_end).await;
+        completed.load(Ordering::Relaxed) as f64 / window.as_secs_f64()
+    })
+}
+
+/// The Little's-law run of [`Calibration::measure`].
+async fn sizing_run(config: &SweepConfig, capacity: f64) -> Estimate {
+    let engine = SimEngine::new(config.engine.clone());
+    let huge = 1 << 20;
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(huge)
+            .engine_request_waiting_limit(huge)
+            .request_queue_limit(0),
+    );
+    engine.report_to(&gate);
+    let ranks = config.engine.dp_ranks;
+    let start = time::now();
+    let arrivals = config
+        .workload(Calibration::LOAD * capacity)
+        .arrivals(config.seed ^ 0x5eed);
+    {
+        let gate = gate.clone();
+        let engine = engine.clone();
+        time::spawn(async move {
+            for (index, arrival) in arrivals.enumerate() {
+                time::sleep_until(start + arrival.at).await;
+                let Ok(mut permit) = gate.acquire(Some((index % ranks) as u32)).await else {
+                    continue;
+                };
+                let request = Request {
+                    prompt_tokens: arrival.prompt_tokens,
+                    output_tokens: arrival.output_tokens,
+                    rank: permit.rank(),
+                };
+                let Ok(mut stream) = engine.submit(request) else {
+                    continue;
+                };
+                time::spawn(async move {
+                    if stream.next_token().await.is_some() {
+                        permit.first_token();
+                        while stream.next_token().await.is_some() {}
+                    }
+                    drop(permit);
+                });
+            }
+        });
+    }
+    time::sleep_until(start + config.warmup).await;
+    let mut sampler = Sampler::rank(0);
+    let every = Duration::from_millis(10);
+    let end = start + config.warmup + config.window;
+    let mut at = time::now();
+    while at <= end {
+        sampler.record(&gate.snapshot(), at.into_std());
+        at += every;
+        time::sleep_until(at).await;
+    }
+    sampler.estimate().unwrap_or_else(|error| {
+        panic!(
+            "the sizing run at {}x did not measure the engine alone: {error}",
+            Calibration::LOAD
+        )
     })
 }
 
 /// Runs every system at every load, `config.threads` points at a time, and
 /// calls `on_point` as each finishes (from the thread that ran it).
-/// `capacity` (requests per second, from [`measure_capacity`]) turns loads
-/// into rates.
-pub fn run(config: &SweepConfig, capacity: f64, on_point: impl Fn(&Point) + Sync) -> Sweep {
+pub fn run(
+    config: &SweepConfig,
+    calibration: &Calibration,
+    on_point: impl Fn(&Point) + Sync,
+) -> Sweep {
     let jobs: Vec<(System, f64)> = config
         .systems
         .iter()
@@ -347,7 +733,7 @@ pub fn run(config: &SweepConfig, capacity: f64, on_point: impl Fn(&Point) + Sync
                     let Some(&(system, load)) = jobs.get(index) else {
                         break;
                     };
-                    let point = run_point(config, system, capacity, load);
+                    let point = run_point(config, calibration, system, load);
                     on_point(&point);
                     lock(&results)[index] = Some(point);
                 }
@@ -360,13 +746,21 @@ pub fn run(config: &SweepConfig, capacity: f64, on_point: impl Fn(&Point) + Sync
         .into_iter()
         .map(|point| point.expect("every job ran"))
         .collect();
-    Sweep { capacity, points }
+    Sweep {
+        calibration: *calibration,
+        points,
+    }
 }
 
-/// Runs one system at `load` × `capacity` requests per second, on a fresh
+/// Runs one system at `load` × capacity requests per second, on a fresh
 /// engine in virtual time.
-pub fn run_point(config: &SweepConfig, system: System, capacity: f64, load: f64) -> Point {
-    paused_runtime().block_on(simulate(config, system, capacity, load))
+pub fn run_point(
+    config: &SweepConfig,
+    calibration: &Calibration,
+    system: System,
+    load: f64,
+) -> Point {
+    VirtualRuntime::new().block_on(simulate(config, calibration, system, load))
 }
 
 /// The system in front of the engine, as each client sees it.
@@ -374,14 +768,24 @@ pub fn run_point(config: &SweepConfig, system: System, capacity: f64, load: f64)
 enum Front {
     Direct(SimEngine),
     Limited(ConcurrencyLimit<SimEngine>),
+    /// A semaphore taken without waiting and held to the end of the stream
+    /// (TGI's router, and a cap on requests in flight).
+    Held(Arc<Semaphore>, SimEngine),
     Gate(Gate, SimEngine),
 }
 
-/// A request that got through to its first token, or did not.
+/// What a request holds while it streams.
+enum Hold {
+    Nothing,
+    Semaphore(#[allow(dead_code)] OwnedSemaphorePermit),
+    Gate(Permit),
+}
+
+/// A send that got through to its first token, or did not.
 enum Started {
     Streaming {
         stream: TokenStream,
-        permit: Option<Permit>,
+        hold: Hold,
         first: Token,
     },
     Rejected,
@@ -393,7 +797,7 @@ enum Started {
 impl Front {
     async fn start(self, request: Request) -> Started {
         match self {
-            Front::Direct(engine) => first_token(engine.submit(request), None).await,
+            Front::Direct(engine) => first_token(engine.submit(request), Hold::Nothing).await,
             Front::Limited(mut limit) => {
                 // `ServiceExt::oneshot`, spelled out: wait for a permit, call,
                 // and the permit goes when the response future resolves.
@@ -403,31 +807,40 @@ impl Front {
                 {
                     return Started::Failed;
                 }
-                first_token(limit.call(request).await, None).await
+                first_token(limit.call(request).await, Hold::Nothing).await
             }
+            Front::Held(semaphore, engine) => match semaphore.try_acquire_owned() {
+                Ok(permit) => first_token(engine.submit(request), Hold::Semaphore(permit)).await,
+                Err(_) => Started::Rejected,
+            },
+            // Hook: when the gate takes a request descriptor (token cost,
+            // deadline), build it here from `request`.
             Front::Gate(gate, engine) => match gate.acquire(request.rank).await {
-                Ok(permit) => first_token(engine.submit(request), Some(permit)).await,
+                Ok(permit) => {
+                    let request = Request {
+                        rank: permit.rank().or(request.rank),
+                        ..request
+                    };
+                    first_token(engine.submit(request), Hold::Gate(permit)).await
+                }
                 Err(_overloaded) => Started::Rejected,
             },
         }
     }
 }
 
-async fn first_token(
-    submitted: Result<TokenStream, SubmitError>,
-    mut permit: Option<Permit>,
-) -> Started {
+async fn first_token(submitted: Result<TokenStream, SubmitError>, mut hold: Hold) -> Started {
     let Ok(mut stream) = submitted else {
         return Started::Failed;
     };
     match stream.next_token().await {
         Some(first) => {
-            if let Some(permit) = &mut permit {
+            if let Hold::Gate(permit) = &mut hold {
                 permit.first_token();
             }
             Started::Streaming {
                 stream,
-                permit,
+                hold,
                 first,
             }
         }
@@ -439,7 +852,8 @@ async fn first_token(
 #[derive(Default)]
 struct Ledger {
     records: Vec<Record>,
-    /// Window requests not yet completed, rejected, failed or late.
+    /// Window requests not yet completed, rejected, given up, failed or
+    /// late.
     open: usize,
     /// Whether arrivals have gone past the end of the window.
     window_over: bool,
@@ -449,7 +863,9 @@ struct Ledger {
 
 struct Record {
     arrival: Instant,
+    sends: usize,
     rejected: bool,
+    abandoned: bool,
     first_token: Option<Instant>,
     finished: Option<Instant>,
     tokens: usize,
@@ -484,77 +900,153 @@ impl Entry {
     }
 }
 
-async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64) -> Point {
+/// The retry budget all clients of a run share: a token bucket.
+struct RetryBudget {
+    retry: Retry,
+    balance: Mutex<f64>,
+}
+
+impl RetryBudget {
+    fn new(retry: Retry) -> RetryBudget {
+        RetryBudget {
+            retry,
+            balance: Mutex::new(retry.budget_reserve),
+        }
+    }
+
+    fn deposit(&self) {
+        let mut balance = lock(&self.balance);
+        *balance = (*balance + self.retry.budget_ratio).min(self.retry.budget_reserve);
+    }
+
+    fn withdraw(&self) -> bool {
+        let mut balance = lock(&self.balance);
+        if *balance >= 1.0 {
+            *balance -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// What a client's sends came to before any first token.
+enum Fate {
+    Started(Started),
+    /// Given up at the client's deadline: every send was cancelled.
+    Abandoned,
+}
+
+async fn simulate(
+    config: &SweepConfig,
+    calibration: &Calibration,
+    system: System,
+    load: f64,
+) -> Point {
     let engine = SimEngine::new(config.engine.clone());
     let front = match system {
         System::NoAdmission => Front::Direct(engine.clone()),
         System::ConcurrencyLimit => {
-            let engine_capacity = engine.capacity();
-            let permits = engine_capacity.max_num_seqs * engine_capacity.dp_ranks;
-            Front::Limited(ConcurrencyLimit::new(engine.clone(), permits))
+            Front::Limited(ConcurrencyLimit::new(engine.clone(), config.total_seqs()))
         }
-        System::Gate => {
-            let gate = Gate::new(config.gate.clone());
+        System::TgiSemaphore => Front::Held(
+            Arc::new(Semaphore::new(config.tgi_permits())),
+            engine.clone(),
+        ),
+        System::VllmCap => Front::Held(Arc::new(Semaphore::new(config.vllm_cap())), engine.clone()),
+        System::Gate | System::GateLittlesLaw | System::GateSizedForObjective => {
+            let gate = Gate::new(gate_config(system, config, calibration).expect("a gate system"));
             engine.report_to(&gate);
             Front::Gate(gate, engine.clone())
         }
     };
+    let capacity = calibration.capacity;
     let offered = load * capacity;
-    let start = Instant::now();
-    let window_start = start + config.warmup;
+    let start = time::now();
+    let window_start = start + config.warmup();
     let window_end = window_start + config.window;
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let notify = Arc::new(Notify::new());
     let ranks = config.engine.dp_ranks;
-    let ttft_objective = config.slo.ttft;
+    let budget = match config.clients {
+        Clients::Retry(retry) => Some(Arc::new(RetryBudget::new(retry))),
+        _ => None,
+    };
 
     let arrivals = config.workload(offered).arrivals(config.seed);
-    let generator = tokio::spawn({
+    let ranked_fraction = config.ranked;
+    let clients = config.clients;
+    let slo = config.slo;
+    let seed = config.seed;
+    time::spawn({
         let ledger = Arc::clone(&ledger);
         let notify = Arc::clone(&notify);
         let engine = engine.clone();
         async move {
+            let mut ranked = 0usize;
             for (index, arrival) in arrivals.enumerate() {
                 let at = start + arrival.at;
-                tokio::time::sleep_until(at).await;
+                time::sleep_until(at).await;
                 let engine_queue = engine.stats().waiting;
-                {
+                let entry = {
                     let mut ledger_now = lock(&ledger);
                     ledger_now.engine_queue_peak = ledger_now.engine_queue_peak.max(engine_queue);
-                }
-                let entry = if at < window_start {
-                    None
-                } else if at < window_end {
-                    let mut ledger_now = lock(&ledger);
-                    ledger_now.records.push(Record {
-                        arrival: at,
-                        rejected: false,
-                        first_token: None,
-                        finished: None,
-                        tokens: 0,
-                        resolved: false,
-                    });
-                    ledger_now.open += 1;
-                    Some(Entry {
-                        ledger: Arc::clone(&ledger),
-                        index: ledger_now.records.len() - 1,
-                        notify: Arc::clone(&notify),
-                    })
-                } else {
-                    let mut ledger_now = lock(&ledger);
-                    if !ledger_now.window_over {
-                        ledger_now.window_over = true;
-                        notify.notify_one();
+                    if at < window_start {
+                        None
+                    } else if at < window_end {
+                        ledger_now.records.push(Record {
+                            arrival: at,
+                            sends: 0,
+                            rejected: false,
+                            abandoned: false,
+                            first_token: None,
+                            finished: None,
+                            tokens: 0,
+                            resolved: false,
+                        });
+                        ledger_now.open += 1;
+                        Some(Entry {
+                            ledger: Arc::clone(&ledger),
+                            index: ledger_now.records.len() - 1,
+                            notify: Arc::clone(&notify),
+                        })
+                    } else {
+                        if !ledger_now.window_over {
+                            ledger_now.window_over = true;
+                            notify.notify_one();
+                        }
+                        None
                     }
+                };
+                // Low-discrepancy choice of the ranked requests, round-robin
+                // over the ranks among them.
+                let rank = if (index as f64 * 0.618_033_988_749_895).fract() < ranked_fraction {
+                    ranked += 1;
+                    Some(((ranked - 1) % ranks) as u32)
+                } else {
                     None
                 };
                 let request = Request {
                     prompt_tokens: arrival.prompt_tokens,
                     output_tokens: arrival.output_tokens,
-                    rank: Some((index % ranks) as u32),
+                    rank,
                 };
-                let started = front.clone().start(request);
-                tokio::spawn(client(started, at + ttft_objective, entry));
+                if let Some(budget) = &budget {
+                    budget.deposit();
+                }
+                let rng = StdRng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0x9e37_79b9));
+                time::spawn(client(
+                    front.clone(),
+                    request,
+                    Behaviour {
+                        clients,
+                        budget: budget.clone(),
+                        rng,
+                        slo,
+                    },
+                    at,
+                    entry,
+                ));
             }
         }
     });
@@ -568,66 +1060,150 @@ async fn simulate(config: &SweepConfig, system: System, capacity: f64, load: f64
         }
         notify.notified().await;
     }
-    let end = Instant::now();
-    generator.abort();
+    let end = time::now();
+    // The arrivals and the clients still running go with the runtime.
     let ledger = lock(&ledger);
-    let Outcomes {
-        rejected,
-        completed,
-        good,
-        mut ttfts,
-    } = Outcomes::of(&ledger.records, config.slo, end);
+    let mut outcomes = Outcomes::of(&ledger.records, config.slo, end);
+    let goodput = outcomes.good as f64 / config.window.as_secs_f64();
+    let stats = engine.stats();
     Point {
         system,
         load,
         offered,
         arrived: ledger.records.len(),
-        rejected,
-        completed,
-        good,
-        goodput: good as f64 / config.window.as_secs_f64(),
-        ttft_p50: Percentile::of(&mut ttfts, 0.50),
-        ttft_p99: Percentile::of(&mut ttfts, 0.99),
-        preemptions: engine.stats().preemptions,
+        sends: outcomes.sends,
+        rejected: outcomes.rejected,
+        abandoned: outcomes.abandoned,
+        completed: outcomes.completed,
+        good: outcomes.good,
+        goodput,
+        capacity_fraction: goodput / capacity,
+        ttft_p50: Percentile::of(&mut outcomes.ttfts, 0.50),
+        ttft_p99: Percentile::of(&mut outcomes.ttfts, 0.99),
+        tpot_p50: Percentile::of(&mut outcomes.tpots, 0.50).map(|p| p.value),
+        tpot_p99: Percentile::of(&mut outcomes.tpots, 0.99).map(|p| p.value),
+        preemptions: stats.preemptions,
+        engine_cancelled: stats.cancelled,
         engine_queue_peak: ledger.engine_queue_peak,
         simulated: end - start,
     }
 }
 
-/// One client: waits (without giving up) for its request to start, then
-/// reads its tokens to the end, noting times in its ledger entry.
+/// How a client behaves, and what it needs for that.
+struct Behaviour {
+    clients: Clients,
+    budget: Option<Arc<RetryBudget>>,
+    rng: StdRng,
+    slo: Slo,
+}
+
+/// Sends until the request starts, is rejected for good, or (for clients
+/// that give up) the client's patience ends.
+async fn sends(
+    front: Front,
+    request: Request,
+    behaviour: &mut Behaviour,
+    arrival: Instant,
+    entry: Option<&Entry>,
+) -> Fate {
+    let ttft_deadline = arrival + behaviour.slo.ttft;
+    let mut retries = 0u32;
+    loop {
+        if let Some(entry) = entry {
+            entry.update(|record| record.sends += 1);
+        }
+        let started = front.clone().start(request).await;
+        let Started::Rejected = started else {
+            return Fate::Started(started);
+        };
+        let Clients::Retry(retry) = behaviour.clients else {
+            return Fate::Started(Started::Rejected);
+        };
+        if retries >= retry.max_retries {
+            return Fate::Started(Started::Rejected);
+        }
+        let cap = retry
+            .first_backoff
+            .saturating_mul(1 << retries.min(20))
+            .min(retry.max_backoff);
+        let backoff = cap.mul_f64(behaviour.rng.random::<f64>());
+        let resend = time::now() + backoff;
+        // A retry that could only start after the objective is not worth
+        // sending; nor is one the budget cannot pay for.
+        if resend >= ttft_deadline {
+            return Fate::Started(Started::Rejected);
+        }
+        let paid = behaviour
+            .budget
+            .as_ref()
+            .is_some_and(|budget| budget.withdraw());
+        if !paid {
+            return Fate::Started(Started::Rejected);
+        }
+        retries += 1;
+        time::sleep_until(resend).await;
+    }
+}
+
+/// One client: sends its request (again, if it retries), then reads its
+/// tokens to the end, noting what happened in its ledger entry.
 async fn client(
-    started: impl Future<Output = Started>,
-    ttft_deadline: Instant,
+    front: Front,
+    request: Request,
+    mut behaviour: Behaviour,
+    arrival: Instant,
     entry: Option<Entry>,
 ) {
-    let mut started = pin!(started);
-    let started = match &entry {
-        None => started.await,
-        Some(entry) => match tokio::time::timeout_at(ttft_deadline, started.as_mut()).await {
-            Ok(started) => started,
-            Err(_elapsed) => {
+    let ttft_deadline = arrival + behaviour.slo.ttft;
+    let give_up = match behaviour.clients {
+        Clients::GiveUp { after } => Some(arrival + after),
+        _ => None,
+    };
+    let fate = async {
+        let sends = sends(front, request, &mut behaviour, arrival, entry.as_ref());
+        match give_up {
+            // Dropping the sends at the deadline cancels them: a queued
+            // request leaves its queue, an admitted one the engine.
+            Some(deadline) => time::timeout_at(deadline, sends)
+                .await
+                .unwrap_or(Fate::Abandoned),
+            None => sends.await,
+        }
+    };
+    let mut fate = pin!(fate);
+    let fate = match &entry {
+        None => fate.await,
+        Some(entry) => match time::timeout_at(ttft_deadline, fate.as_mut()).await {
+            Some(fate) => fate,
+            None => {
                 // Too late to be good: the run need not wait for it, but the
                 // client still waits, and the engine still works for it.
                 entry.resolve();
-                started.await
+                fate.await
             }
         },
     };
-    let (mut stream, permit, first) = match started {
-        Started::Streaming {
+    let (mut stream, hold, first) = match fate {
+        Fate::Started(Started::Streaming {
             stream,
-            permit,
+            hold,
             first,
-        } => (stream, permit, first),
-        Started::Rejected => {
+        }) => (stream, hold, first),
+        Fate::Started(Started::Rejected) => {
             if let Some(entry) = &entry {
                 entry.update(|record| record.rejected = true);
                 entry.resolve();
             }
             return;
         }
-        Started::Failed => {
+        Fate::Abandoned => {
+            if let Some(entry) = &entry {
+                entry.update(|record| record.abandoned = true);
+                entry.resolve();
+            }
+            return;
+        }
+        Fate::Started(Started::Failed) => {
             if let Some(entry) = &entry {
                 entry.resolve();
             }
@@ -635,7 +1211,7 @@ async fn client(
         }
     };
     if let Some(entry) = &entry {
-        let now = Instant::now();
+        let now = time::now();
         entry.update(|record| record.first_token = Some(now));
     }
     let mut tokens = 1;
@@ -649,10 +1225,10 @@ async fn client(
             None => break,
         }
     }
-    // The response ends: the gate's capacity goes back.
-    drop(permit);
+    // The response ends: the gate's or the semaphore's capacity goes back.
+    drop(hold);
     if let Some(entry) = &entry {
-        let now = Instant::now();
+        let now = time::now();
         entry.update(|record| {
             record.finished = Some(now);
             record.tokens = tokens;
@@ -663,25 +1239,38 @@ async fn client(
 
 /// Counts over the records of the window.
 struct Outcomes {
+    sends: usize,
     rejected: usize,
+    abandoned: usize,
     completed: usize,
     good: usize,
-    /// Time to first token of each request that was not rejected, and
-    /// whether it is only a lower bound (no first token when the run ended).
+    /// Time to first token of each request that was admitted and not given
+    /// up, and whether it is only a lower bound (no first token when the
+    /// run ended).
     ttfts: Vec<(Duration, bool)>,
+    /// Time per output token of each completed request.
+    tpots: Vec<(Duration, bool)>,
 }
 
 impl Outcomes {
     fn of(records: &[Record], slo: Slo, end: Instant) -> Outcomes {
         let mut outcomes = Outcomes {
+            sends: 0,
             rejected: 0,
+            abandoned: 0,
             completed: 0,
             good: 0,
             ttfts: Vec::with_capacity(records.len()),
+            tpots: Vec::with_capacity(records.len()),
         };
         for record in records {
+            outcomes.sends += record.sends;
             if record.rejected {
                 outcomes.rejected += 1;
+                continue;
+            }
+            if record.abandoned {
+                outcomes.abandoned += 1;
                 continue;
             }
             let ttft = match record.first_token {
@@ -695,6 +1284,7 @@ impl Outcomes {
             outcomes.completed += 1;
             let gaps = u32::try_from(record.tokens.saturating_sub(1)).unwrap_or(u32::MAX);
             let tpot = (finished - first).checked_div(gaps).unwrap_or_default();
+            outcomes.tpots.push((tpot, false));
             if ttft.0 <= slo.ttft && tpot <= slo.tpot {
                 outcomes.good += 1;
             }
@@ -727,5 +1317,26 @@ mod tests {
         assert_eq!((median.value, median.at_least), (ms(15), true));
         assert_eq!(median.to_string(), ">15 ms");
         assert_eq!(Percentile::of(&mut [], 0.5), None);
+    }
+
+    #[test]
+    fn the_retry_budget_is_a_bucket_of_earned_retries() {
+        let budget = RetryBudget::new(Retry {
+            budget_reserve: 2.0,
+            budget_ratio: 0.5,
+            ..Retry::default()
+        });
+        assert!(budget.withdraw());
+        assert!(budget.withdraw());
+        assert!(!budget.withdraw());
+        budget.deposit();
+        assert!(!budget.withdraw());
+        budget.deposit();
+        assert!(budget.withdraw());
+        for _ in 0..10 {
+            budget.deposit();
+        }
+        // The bucket holds at most its reserve.
+        assert!(budget.withdraw() && budget.withdraw() && !budget.withdraw());
     }
 }

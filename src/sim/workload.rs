@@ -27,6 +27,42 @@ pub enum Lengths {
         /// Largest length.
         max: usize,
     },
+    /// A mixture: with probability `long_fraction` a draw from `long`,
+    /// otherwise from `short`. Both must be [`Lengths::LogNormal`] or
+    /// [`Lengths::Fixed`] (a mixture does not nest).
+    Mix {
+        /// The common case.
+        short: MixPart,
+        /// The rare long case.
+        long: MixPart,
+        /// Fraction of draws from `long`, in `0..=1`.
+        long_fraction: f64,
+    },
+}
+
+/// One part of a [`Lengths::Mix`]: a lognormal clipped to `min..=max`, like
+/// [`Lengths::LogNormal`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MixPart {
+    /// Mean before clipping.
+    pub mean: f64,
+    /// Standard deviation of the logarithm.
+    pub sigma: f64,
+    /// Smallest length.
+    pub min: usize,
+    /// Largest length.
+    pub max: usize,
+}
+
+impl MixPart {
+    fn lengths(self) -> Lengths {
+        Lengths::LogNormal {
+            mean: self.mean,
+            sigma: self.sigma,
+            min: self.min,
+            max: self.max,
+        }
+    }
 }
 
 impl Lengths {
@@ -52,6 +88,28 @@ impl Lengths {
         }
     }
 
+    /// A long-prompt mix: ShareGPT-like prompts, and one in five a long
+    /// document (lognormal, mean 3000 tokens, sigma 0.5, clipped to
+    /// 1024..=8192), as in retrieval-augmented or summarisation traffic.
+    /// The mean is about 730 tokens.
+    pub fn long_prompt_mix() -> Lengths {
+        Lengths::Mix {
+            short: MixPart {
+                mean: 161.0,
+                sigma: 1.0,
+                min: 4,
+                max: 4096,
+            },
+            long: MixPart {
+                mean: 3000.0,
+                sigma: 0.5,
+                min: 1024,
+                max: 8192,
+            },
+            long_fraction: 0.2,
+        }
+    }
+
     /// Draws one length.
     ///
     /// # Panics
@@ -71,6 +129,18 @@ impl Lengths {
                 let distribution = LogNormal::new(mu, sigma).expect("sigma is not negative");
                 let length = distribution.sample(rng).round();
                 (length as usize).clamp(min, max)
+            }
+            Lengths::Mix {
+                short,
+                long,
+                long_fraction,
+            } => {
+                let part = if rng.random::<f64>() < long_fraction {
+                    long
+                } else {
+                    short
+                };
+                part.lengths().sample(rng)
             }
         }
     }
@@ -240,6 +310,19 @@ mod tests {
         }
         let other: Vec<_> = Workload::sharegpt(10.0).arrivals(43).take(100).collect();
         assert_ne!(slow, other);
+    }
+
+    #[test]
+    fn the_long_prompt_mix_has_one_long_prompt_in_five() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let lengths: Vec<usize> = (0..50_000)
+            .map(|_| Lengths::long_prompt_mix().sample(&mut rng))
+            .collect();
+        let long = lengths.iter().filter(|&&n| n >= 1024).count() as f64;
+        // ShareGPT-like prompts of 1024 or more are rare (about 1%).
+        assert!((0.19..0.22).contains(&(long / 50_000.0)), "{long}");
+        let (mean, _) = mean(lengths.iter().map(|&n| n as f64));
+        assert!((680.0..780.0).contains(&mean), "{mean}");
     }
 
     #[test]
