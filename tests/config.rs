@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
 use tower_admission::{AdmissionConfig, EngineCapacity};
 
 const REQUEST: &str = "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT";
@@ -17,6 +19,8 @@ const QUEUE_ALIAS: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
 const WAITING_TOKENS: &str = "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT";
 const ENGINE_TOKENS: &str = "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT";
 const QUEUE_TOKENS: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT";
+const QUEUE_WAIT_MS: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS";
+const TTFT_MS: &str = "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS";
 
 const TOO_LARGE: &str = "340282366920938463463374607431768211456"; // 2^128
 
@@ -291,7 +295,9 @@ fn a_valid_canonical_value_means_the_alias_is_never_read() {
             QUEUE,
             WAITING_TOKENS,
             ENGINE_TOKENS,
-            QUEUE_TOKENS
+            QUEUE_TOKENS,
+            QUEUE_WAIT_MS,
+            TTFT_MS
         ]
     );
 }
@@ -436,6 +442,19 @@ fn a_zero_token_limit_in_code_panics_naming_the_setting() {
     let _ = AdmissionConfig::new().engine_waiting_token_limit(0);
 }
 
+#[test]
+fn deadlines_are_off_unless_set_and_read_from_their_variables() {
+    let config = AdmissionConfig::from_lookup(env(&[]));
+    assert!(!config.deadlines_enabled());
+    let config = AdmissionConfig::from_lookup(env(&[(QUEUE_WAIT_MS, "250"), (TTFT_MS, "x")]));
+    assert_eq!(
+        config.explicit_request_queue_wait_limit(),
+        Some(Duration::from_millis(250))
+    );
+    assert_eq!(config.explicit_ttft_objective(), None);
+    assert!(config.deadlines_enabled());
+}
+
 #[cfg(feature = "clap")]
 mod cli {
     use clap::Parser;
@@ -501,7 +520,9 @@ mod cli {
                 QUEUE_ALIAS,
                 WAITING_TOKENS,
                 ENGINE_TOKENS,
-                QUEUE_TOKENS
+                QUEUE_TOKENS,
+                QUEUE_WAIT_MS,
+                TTFT_MS
             ]
         );
     }
@@ -573,6 +594,39 @@ mod cli {
         assert_eq!(config.explicit_engine_waiting_token_limit(), Some(1000));
         assert_eq!(config.explicit_engine_token_limit(), Some(8000));
         assert_eq!(config.explicit_request_queue_token_limit(), Some(1800));
+    }
+
+    #[test]
+    fn the_deadline_flags_set_the_wait_limit_and_the_objective() {
+        let worker = parse(&[
+            "--request-queue-wait-limit-ms",
+            "1500",
+            "--ttft-objective-ms",
+            "1000",
+        ])
+        .unwrap();
+        let config = worker.admission.resolve_with(env(&[(TTFT_MS, "5")]));
+        assert_eq!(
+            config.explicit_request_queue_wait_limit(),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            config.explicit_ttft_objective(),
+            Some(Duration::from_secs(1))
+        );
+        assert!(config.deadlines_enabled());
+        let error = parse(&["--ttft-objective-ms", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--ttft-objective-ms") && error.contains("'0'"),
+            "{error}"
+        );
+        let help = parse(&["--help"]).unwrap_err().to_string();
+        assert!(
+            help.contains("--request-queue-wait-limit-ms <MS>"),
+            "{help}"
+        );
     }
 
     #[test]

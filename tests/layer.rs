@@ -254,6 +254,10 @@ async fn a_full_worker_answers_529_with_worker_scope() {
         Some("worker")
     );
     assert_eq!(header(headers, "x-admission-rank"), None);
+    assert_eq!(
+        header(headers, "x-admission-rejection-reason"),
+        Some("queue_full")
+    );
     assert_eq!(header(headers, "retry-after"), Some("1"));
     // With feature `hyper`, HTTP/1 clients read "529 Site is overloaded".
     let reason = response.extensions().get::<hyper::ext::ReasonPhrase>();
@@ -273,8 +277,8 @@ async fn a_full_worker_answers_529_with_worker_scope() {
     assert_eq!(json["error"]["code"], 529);
     assert_eq!(json["error"]["scope"], "worker");
     assert_eq!(json["error"]["rank"], serde_json::Value::Null);
-    // The OpenAI error object, `param` included, with scope and rank as
-    // extra members and nothing else.
+    // The OpenAI error object, `param` included, with scope, rank and
+    // reason as extra members and nothing else.
     let members: Vec<&str> = json["error"]
         .as_object()
         .unwrap()
@@ -285,8 +289,11 @@ async fn a_full_worker_answers_529_with_worker_scope() {
     sorted.sort_unstable();
     assert_eq!(
         sorted,
-        ["code", "message", "param", "rank", "scope", "type"]
+        [
+            "code", "message", "param", "rank", "reason", "scope", "type"
+        ]
     );
+    assert_eq!(json["error"]["reason"], "queue_full");
     assert!(json["error"]["param"].is_null());
     assert_eq!(json.as_object().unwrap().len(), 1, "{json}");
     assert!(
