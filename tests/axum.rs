@@ -31,6 +31,10 @@ use tower::{Layer, Service};
 use tower_admission::detect::OpenAiSse;
 use tower_admission::{AdmissionConfig, AdmissionLayer, Counts, EngineCapacity, Gate, RankHeader};
 
+#[path = "support/gate.rs"]
+mod gate_support;
+use gate_support::counts;
+
 const PATIENCE: Duration = Duration::from_secs(10);
 
 const ROLE_CHUNK: &str = r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#;
@@ -160,17 +164,8 @@ fn layer(gate: &Gate) -> AdmissionLayer<OpenAiSse, RankHeader> {
         .rank(RankHeader::default())
 }
 
-fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts::new(engine_requests, engine_waiting, queued)
-}
-
 fn unranked_gate(engine: usize, queue: usize) -> Gate {
-    Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(engine)
-            .engine_request_waiting_limit(engine)
-            .request_queue_limit(queue),
-    )
+    gate_support::gate(engine, engine, queue)
 }
 
 /// Reads response chunks until one contains `needle`.

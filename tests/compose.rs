@@ -15,7 +15,11 @@ use tokio::time::{Instant, advance};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_admission::{AdmissionConfig, AdmissionLayer, Counts, Gate};
+use tower_admission::{AdmissionLayer, Gate};
+
+#[path = "support/gate.rs"]
+mod gate_support;
+use gate_support::counts;
 
 type Body = UnsyncBoxBody<Bytes, BoxError>;
 type Frames = mpsc::UnboundedSender<Result<Frame<Bytes>, BoxError>>;
@@ -37,16 +41,7 @@ fn engine() -> (
 }
 
 fn gate(engine: usize, queue: usize) -> Gate {
-    Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(engine)
-            .engine_request_waiting_limit(engine)
-            .request_queue_limit(queue),
-    )
-}
-
-fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts::new(engine_requests, engine_waiting, queued)
+    gate_support::gate(engine, engine, queue)
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,59 +7,33 @@ use futures::FutureExt;
 use tokio_test::task::{Spawn, spawn};
 use tokio_test::{assert_pending, assert_ready};
 use tower_admission::{
-    Acquire, AdmissionConfig, AdmitSource, Counts, EngineCapacity, Gate, Permit, RejectionScope,
+    Acquire, AdmissionConfig, Descriptor, EngineCapacity, Gate, Permit, RejectionScope,
 };
 
-fn gate(requests: usize, waiting: usize, queue: usize) -> Gate {
-    Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(requests)
-            .engine_request_waiting_limit(waiting)
-            .request_queue_limit(queue),
-    )
+#[path = "support/gate.rs"]
+mod gate_support;
+use gate_support::{admitted_from_queue, admitted_with, counts, gate, queued_with, rejected_with};
+
+fn ranked(rank: Option<u32>) -> Descriptor {
+    Descriptor::new().with_rank(rank)
 }
 
 /// A request that must be admitted on arrival.
 #[track_caller]
 fn admitted(gate: &Gate, rank: Option<u32>) -> Permit {
-    let permit = gate
-        .acquire(rank)
-        .now_or_never()
-        .expect("decided on arrival")
-        .expect("admitted");
-    assert_eq!(permit.source(), AdmitSource::Direct);
-    permit
+    admitted_with(gate, ranked(rank))
 }
 
 /// A request that must be queued on arrival.
 #[track_caller]
 fn queued(gate: &Gate, rank: Option<u32>) -> Spawn<Acquire> {
-    let mut acquire = spawn(gate.acquire(rank));
-    assert!(acquire.is_queued(), "expected the request to be queued");
-    assert_pending!(acquire.poll());
-    acquire
+    queued_with(gate, ranked(rank))
 }
 
 /// A request that must be rejected on arrival; returns the scope.
 #[track_caller]
 fn rejected(gate: &Gate, rank: Option<u32>) -> RejectionScope {
-    gate.acquire(rank)
-        .now_or_never()
-        .expect("decided on arrival")
-        .expect_err("rejected")
-        .scope()
-}
-
-#[track_caller]
-fn admitted_from_queue(acquire: &mut Spawn<Acquire>) -> Permit {
-    assert!(acquire.is_woken(), "an admitted waiter is woken");
-    let permit = assert_ready!(acquire.poll()).expect("admitted");
-    assert_eq!(permit.source(), AdmitSource::Queue);
-    permit
-}
-
-fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts::new(engine_requests, engine_waiting, queued)
+    rejected_with(gate, ranked(rank))
 }
 
 #[test]

@@ -33,33 +33,15 @@ use tokio::time::timeout;
 use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
 use tower_admission::detect::OpenAiSse;
 use tower_admission::{
-    AdmissionConfig, AdmissionLayer, AdmitSource, Counts, EngineCapacity, Gate, RankHeader,
-    Snapshot,
+    AdmissionConfig, AdmissionLayer, AdmitSource, EngineCapacity, Gate, RankHeader, Snapshot,
 };
+
+#[path = "support/gate.rs"]
+mod gate_support;
+use gate_support::{assert_idle, counts};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 const RANKS: usize = 4;
-
-fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts::new(engine_requests, engine_waiting, queued)
-}
-
-/// Nothing held, and every request received ended in exactly one way.
-fn assert_settled(snapshot: &Snapshot) {
-    assert_eq!(snapshot.total, Counts::default());
-    assert_eq!(snapshot.unranked, Counts::default());
-    assert!(
-        snapshot
-            .ranks
-            .iter()
-            .all(|counts| *counts == Counts::default())
-    );
-    let tally = snapshot.tally;
-    assert_eq!(
-        tally.received,
-        tally.admitted_direct + tally.admitted_queue + tally.rejected() + tally.cancelled
-    );
-}
 
 /// Where the gate counted the one request in flight.
 fn bucket_in_flight(snapshot: &Snapshot) -> String {
@@ -256,7 +238,7 @@ async fn hostile_rank_headers_over_a_real_socket_are_treated_as_documented() {
             }
         }
         // The answer was read to its end: everything is released.
-        assert_settled(&after);
+        assert_idle(&after);
     }
 
     let snapshot = gate.snapshot();
@@ -341,7 +323,7 @@ proptest! {
             None => "unranked".to_owned(),
         };
         prop_assert_eq!(answered, expected, "values {:?}", sent);
-        assert_settled(&gate.snapshot());
+        assert_idle(&gate.snapshot());
     }
 }
 
@@ -351,12 +333,7 @@ type BoxBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
 /// One request at a time, `queue` more waiting.
 fn one_at_a_time(queue: usize) -> Gate {
-    Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(1)
-            .engine_request_waiting_limit(1)
-            .request_queue_limit(queue),
-    )
+    gate_support::gate(1, 1, queue)
 }
 
 /// A body that fails on its first poll.
@@ -394,11 +371,11 @@ async fn a_body_that_fails_on_its_first_poll_releases_the_capacity_at_once() {
     let frame = body.frame().await.expect("an error frame");
     assert!(frame.is_err());
     // Released when the error surfaced, before the body is dropped.
-    assert_settled(&gate.snapshot());
+    assert_idle(&gate.snapshot());
     drop(body);
     let snapshot = gate.snapshot();
     assert_eq!(snapshot.tally.admitted_direct, 1);
-    assert_settled(&snapshot);
+    assert_idle(&snapshot);
 }
 
 #[tokio::test]
@@ -416,7 +393,7 @@ async fn a_body_of_trailers_only_ends_the_response_without_a_token() {
     assert_eq!(gate.snapshot().total, counts(1, 1, 0));
     let frame = body.frame().await.unwrap().unwrap();
     assert_eq!(frame.trailers_ref().unwrap()["grpc-status"], "13");
-    assert_settled(&gate.snapshot());
+    assert_idle(&gate.snapshot());
     assert!(body.frame().await.is_none());
 }
 
@@ -435,7 +412,7 @@ async fn an_inner_error_of_a_queued_request_releases_what_it_was_given() {
     assert_eq!(error.to_string(), "engine refused");
     let snapshot = gate.snapshot();
     assert_eq!(snapshot.tally.admitted_queue, 1);
-    assert_settled(&snapshot);
+    assert_idle(&snapshot);
     let next = gate.acquire(None).now_or_never().unwrap().unwrap();
     assert_eq!(next.source(), AdmitSource::Direct);
 }
@@ -518,7 +495,7 @@ async fn a_million_one_byte_frames_end_waiting_on_the_right_byte_and_release_at_
         assert_eq!(gate.snapshot().total, expected, "after {read} bytes");
     }
     assert_eq!(read, len);
-    assert_settled(&gate.snapshot());
+    assert_idle(&gate.snapshot());
 }
 
 #[tokio::test]
@@ -539,7 +516,7 @@ async fn a_million_empty_frames_keep_waiting_until_the_first_byte() {
     body.frame().await.unwrap().unwrap();
     assert_eq!(gate.snapshot().total, counts(1, 0, 0));
     while body.frame().await.is_some() {}
-    assert_settled(&gate.snapshot());
+    assert_idle(&gate.snapshot());
 }
 
 // ---- hostile bodies over a real socket ----
@@ -620,5 +597,5 @@ async fn hostile_bodies_over_a_real_socket_give_their_capacity_back() {
     let snapshot = gate.snapshot();
     assert_eq!(snapshot.tally.received, 5);
     assert_eq!(snapshot.tally.rejected(), 0);
-    assert_settled(&snapshot);
+    assert_idle(&snapshot);
 }

@@ -23,6 +23,10 @@ use tower_admission::{
 };
 use tower_test::mock;
 
+#[path = "support/gate.rs"]
+mod gate_support;
+use gate_support::counts;
+
 type Body = UnsyncBoxBody<Bytes, BoxError>;
 type Frames = mpsc::UnboundedSender<Result<Frame<Bytes>, BoxError>>;
 
@@ -48,16 +52,7 @@ fn data(bytes: &'static str) -> Result<Frame<Bytes>, BoxError> {
 
 /// One rank: `engine` requests at once, all of them may wait, `queue` more queued.
 fn gate(engine: usize, queue: usize) -> Gate {
-    Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(engine)
-            .engine_request_waiting_limit(engine)
-            .request_queue_limit(queue),
-    )
-}
-
-fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts::new(engine_requests, engine_waiting, queued)
+    gate_support::gate(engine, engine, queue)
 }
 
 fn request(path: &str) -> Request<()> {

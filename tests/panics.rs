@@ -21,13 +21,15 @@ use http_body_util::{BodyExt, Empty, Full};
 use tokio::sync::oneshot;
 use tokio::time::timeout;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_admission::{
-    AdmissionConfig, AdmissionLayer, AdmitSource, Counts, FirstTokenDetector, Gate,
-};
+use tower_admission::{AdmissionLayer, AdmitSource, Counts, FirstTokenDetector, Gate};
 
 #[path = "support/panics.rs"]
 mod panics_hook;
 use panics_hook::quiet_injected_panics;
+
+#[path = "support/gate.rs"]
+mod gate_support;
+use gate_support::counts;
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -37,16 +39,7 @@ const INJECTED: &str = "injected panic";
 /// One request at a time, four more may queue.
 fn gate() -> Gate {
     quiet_injected_panics(INJECTED);
-    Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(1)
-            .engine_request_waiting_limit(1)
-            .request_queue_limit(4),
-    )
-}
-
-fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts::new(engine_requests, engine_waiting, queued)
+    gate_support::gate(1, 1, 4)
 }
 
 /// The gate holds nothing, every request is accounted for, and a new

@@ -27,7 +27,11 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
 use tower_admission::detect;
-use tower_admission::{AdmissionConfig, AdmissionLayer, Counts, Gate};
+use tower_admission::{AdmissionLayer, Counts, Gate};
+
+#[path = "support/gate.rs"]
+mod gate_support;
+use gate_support::counts;
 
 const PATIENCE: Duration = Duration::from_secs(10);
 const GENERATE: &str = "/llm.Generator/Generate";
@@ -164,10 +168,6 @@ async fn within<F: Future>(future: F) -> F::Output {
         .expect("timed out waiting for the server")
 }
 
-fn counts(engine_requests: usize, engine_waiting: usize, queued: usize) -> Counts {
-    Counts::new(engine_requests, engine_waiting, queued)
-}
-
 fn grpc_layer(gate: Gate) -> AdmissionLayer<detect::Grpc> {
     AdmissionLayer::new(gate).detector(detect::Grpc::default())
 }
@@ -179,12 +179,7 @@ fn token(text: &str) -> Result<Token, Status> {
 }
 
 fn one_at_a_time() -> Gate {
-    Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(1)
-            .engine_request_waiting_limit(1)
-            .request_queue_limit(0),
-    )
+    gate_support::gate(1, 1, 0)
 }
 
 #[tokio::test]
