@@ -18,8 +18,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 
-use tower_admission::{Acquire, AdmissionConfig, Counts, EngineCapacity, Gate, Permit};
+use tower_admission::{Acquire, AdmissionConfig, EngineCapacity, Gate, Permit};
 
+#[path = "support/gate.rs"]
+mod gate_support;
 #[path = "support/rng.rs"]
 mod rng;
 use rng::Rng;
@@ -247,14 +249,7 @@ fn run_storm(gate: &Gate, ranks: u32, rng: &mut Rng, storm: &mut Storm) -> (usiz
 
 fn assert_settled(gate: &Gate, storm: &Storm, direct: usize) {
     let snapshot = gate.snapshot();
-    assert_eq!(snapshot.total, Counts::default());
-    assert_eq!(snapshot.unranked, Counts::default());
-    assert!(
-        snapshot
-            .ranks
-            .iter()
-            .all(|counts| *counts == Counts::default())
-    );
+    gate_support::assert_idle(&snapshot);
     let tally = snapshot.tally;
     assert_eq!(tally.received, (STORM + direct) as u64);
     assert_eq!(tally.admitted_direct, direct as u64);

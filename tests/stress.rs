@@ -5,6 +5,8 @@
 
 use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
 
+#[path = "support/gate.rs"]
+mod gate_support;
 #[path = "support/panics.rs"]
 mod panics;
 #[path = "support/rng.rs"]

@@ -91,6 +91,19 @@ enum Concerned {
     Everything,
 }
 
+impl Concerned {
+    /// An event that changed the tally of `rank`'s bucket (and perhaps its
+    /// counts), measuring no duration.
+    fn tally_of(rank: Option<u32>) -> Self {
+        Concerned::Bucket {
+            rank,
+            tally_changed: true,
+            queue_wait: None,
+            engine_waiting: None,
+        }
+    }
+}
+
 impl fmt::Debug for Gate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gate")
@@ -172,12 +185,7 @@ impl Gate {
             descriptor.deadline,
             waiter,
         );
-        let concerned = Concerned::Bucket {
-            rank: state.recognised(rank),
-            tally_changed: true,
-            queue_wait: None,
-            engine_waiting: None,
-        };
+        let concerned = Concerned::tally_of(state.recognised(rank));
         // An arrival offers nothing, so this only observes.
         self.end_event(state, concerned);
         let step = match arrival {
@@ -432,13 +440,7 @@ impl Acquire {
         gate.advance(&mut state, time);
         match state.expire(*ticket) {
             Expiry::Rejected(overloaded, rank) => {
-                let concerned = Concerned::Bucket {
-                    rank,
-                    tally_changed: true,
-                    queue_wait: None,
-                    engine_waiting: None,
-                };
-                gate.end_event(state, concerned);
+                gate.end_event(state, Concerned::tally_of(rank));
                 self.step = Step::Decided(Some(Err(overloaded)));
             }
             Expiry::Admitted | Expiry::Stale => {}
@@ -520,13 +522,7 @@ impl Drop for Acquire {
             // the step becomes `Done`), but if it did it must not touch the
             // request that reuses its slot.
             if let Ok(rank) = state.cancel(*ticket) {
-                let concerned = Concerned::Bucket {
-                    rank,
-                    tally_changed: true,
-                    queue_wait: None,
-                    engine_waiting: None,
-                };
-                gate.end_event(state, concerned);
+                gate.end_event(state, Concerned::tally_of(rank));
             }
         }
     }

@@ -10,8 +10,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tower_admission::{Counts, EngineCapacity, Gate};
+use tower_admission::{EngineCapacity, Gate};
 
+use super::gate_support::assert_idle;
 use super::panics::quiet_injected_panics;
 use super::rng::Rng;
 
@@ -136,14 +137,7 @@ pub async fn run_stress(gate: &Gate) {
     }
 
     let snapshot = gate.snapshot();
-    assert_eq!(snapshot.total, Counts::default());
-    assert_eq!(snapshot.unranked, Counts::default());
-    assert!(
-        snapshot
-            .ranks
-            .iter()
-            .all(|counts| *counts == Counts::default())
-    );
+    assert_idle(&snapshot);
     let tally = snapshot.tally;
     assert_eq!(tally.received, 4000 * 20);
     assert_eq!(
