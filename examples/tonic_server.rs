@@ -312,7 +312,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         let limits = gate.limits();
         let layer = AdmissionLayer::new(gate)
             .detector(Grpc::default())
-            .rank(rank);
+            .rank(rank)
+            // A call whose own deadline passes while it waits in the queue
+            // is answered DEADLINE_EXCEEDED at once.
+            .grpc_timeout();
         let banner = format!(
             "admission: per rank engine request limit {}, engine request waiting limit {}, \
              request queue limit {}; overload answer UNAVAILABLE",
