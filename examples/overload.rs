@@ -412,6 +412,8 @@ fn style(system: System) -> (&'static str, &'static str) {
         System::Gate => ("#1f77b4", r#"stroke-width="2.5""#),
         System::GateLittlesLaw => ("#17becf", r#"stroke-width="2" stroke-dasharray="3,3""#),
         System::GateSizedForObjective => ("#2ca02c", r#"stroke-width="2.5""#),
+        System::GateTtftObjective => ("#e377c2", r#"stroke-width="2.5" stroke-dasharray="2,4""#),
+        System::GateTokenBudget => ("#bcbd22", r#"stroke-width="2" stroke-dasharray="10,3""#),
     }
 }
 

@@ -58,8 +58,8 @@ use super::config::{EngineConfig, Token};
 use super::engine::{Request, SimEngine, SubmitError, TokenStream};
 use super::time::{self, VirtualRuntime};
 use super::workload::{Lengths, Workload};
-use crate::sizing::{Estimate, Sampler};
-use crate::{AdmissionConfig, Gate, Permit};
+use crate::sizing::{Estimate, Sampler, token_budget};
+use crate::{AdmissionConfig, Cost, Descriptor, Gate, Permit};
 
 /// What stands between the clients and the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,11 +79,17 @@ pub enum System {
     /// The gate with a Little's-law waiting limit and a request queue
     /// limit sized for the first-token objective.
     GateSizedForObjective,
+    /// The gate with the first-token objective ([`Slo::ttft`]) as its
+    /// setting, on the simulator's clock, and no queue tuning.
+    GateTtftObjective,
+    /// The gate with an engine waiting token limit sized for the
+    /// first-token objective ([`Calibration::token_budget`]).
+    GateTokenBudget,
 }
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 7] = [
+    pub const ALL: [System; 9] = [
         System::NoAdmission,
         System::ConcurrencyLimit,
         System::TgiSemaphore,
@@ -91,6 +97,8 @@ impl System {
         System::Gate,
         System::GateLittlesLaw,
         System::GateSizedForObjective,
+        System::GateTtftObjective,
+        System::GateTokenBudget,
     ];
 
     /// What a user would pick instead of this crate.
@@ -111,6 +119,8 @@ impl System {
             System::Gate => "gate, defaults",
             System::GateLittlesLaw => "gate, Little's-law wait",
             System::GateSizedForObjective => "gate, sized for TTFT",
+            System::GateTtftObjective => "gate with TTFT objective",
+            System::GateTokenBudget => "gate with token budget",
         }
     }
 
@@ -118,7 +128,11 @@ impl System {
     pub fn is_gate(&self) -> bool {
         matches!(
             self,
-            System::Gate | System::GateLittlesLaw | System::GateSizedForObjective
+            System::Gate
+                | System::GateLittlesLaw
+                | System::GateSizedForObjective
+                | System::GateTtftObjective
+                | System::GateTokenBudget
         )
     }
 }
@@ -548,6 +562,12 @@ pub struct Calibration {
     /// objective leaves after `W`, by Little's law again. Half: the
     /// objective bounds the 99th percentile, not the mean.
     pub queue_for_objective: usize,
+    /// The engine waiting token limit per rank for the first-token
+    /// objective: [`sizing::token_budget`](crate::sizing::token_budget) of
+    /// the objective and the engine's prefill rate,
+    /// [`EngineConfig::prefill_tokens_per_second`] (a full chunked-prefill
+    /// step, from the step-time model).
+    pub token_budget: usize,
 }
 
 impl Calibration {
@@ -569,6 +589,7 @@ impl Calibration {
             estimate,
             waiting_limit: estimate.waiting_limit(),
             queue_for_objective,
+            token_budget: token_budget(config.slo.ttft, config.engine.prefill_tokens_per_second()),
         }
     }
 }
@@ -601,6 +622,21 @@ pub fn gate_config(
                 .clone()
                 .engine_request_waiting_limit(calibration.waiting_limit)
                 .request_queue_limit(calibration.queue_for_objective),
+        ),
+        // The objective is the run's own; the gate measures queue waits and
+        // engine waiting times on the simulator's (virtual) clock.
+        System::GateTtftObjective => Some(
+            config
+                .gate
+                .clone()
+                .ttft_objective(config.slo.ttft)
+                .clock(|| time::now().into_std()),
+        ),
+        System::GateTokenBudget => Some(
+            config
+                .gate
+                .clone()
+                .engine_waiting_token_limit(calibration.token_budget),
         ),
         System::NoAdmission | System::ConcurrencyLimit | System::TgiSemaphore | System::VllmCap => {
             None
@@ -813,9 +849,7 @@ impl Front {
                 Ok(permit) => first_token(engine.submit(request), Hold::Semaphore(permit)).await,
                 Err(_) => Started::Rejected,
             },
-            // Hook: when the gate takes a request descriptor (token cost,
-            // deadline), build it here from `request`.
-            Front::Gate(gate, engine) => match gate.acquire(request.rank).await {
+            Front::Gate(gate, engine) => match admit(&gate, request).await {
                 Ok(permit) => {
                     let request = Request {
                         rank: permit.rank().or(request.rank),
@@ -825,6 +859,32 @@ impl Front {
                 }
                 Err(_overloaded) => Started::Rejected,
             },
+        }
+    }
+}
+
+/// Asks the gate for `request`: its rank and its cost (prompt tokens and,
+/// as `max_tokens`, its output length). When the request is queued with a
+/// wait budget, a timer on the simulator's clock expires it, as a server
+/// does with its own timer: the gate keeps none.
+async fn admit(gate: &Gate, request: Request) -> Result<Permit, crate::Overloaded> {
+    let descriptor = Descriptor::new()
+        .with_rank(request.rank)
+        .with_cost(Cost::new(
+            request.prompt_tokens,
+            Some(request.output_tokens),
+        ));
+    let mut acquire = gate.acquire_with(descriptor);
+    let Some(expires_at) = acquire.expires_at() else {
+        return acquire.await;
+    };
+    match time::timeout_at(Instant::from_std(expires_at), &mut acquire).await {
+        Some(outcome) => outcome,
+        None => {
+            // Rejected for its deadline, unless an admission was offered
+            // meanwhile: the Acquire tells which.
+            acquire.expire();
+            acquire.await
         }
     }
 }
@@ -954,7 +1014,11 @@ async fn simulate(
             engine.clone(),
         ),
         System::VllmCap => Front::Held(Arc::new(Semaphore::new(config.vllm_cap())), engine.clone()),
-        System::Gate | System::GateLittlesLaw | System::GateSizedForObjective => {
+        System::Gate
+        | System::GateLittlesLaw
+        | System::GateSizedForObjective
+        | System::GateTtftObjective
+        | System::GateTokenBudget => {
             let gate = Gate::new(gate_config(system, config, calibration).expect("a gate system"));
             engine.report_to(&gate);
             Front::Gate(gate, engine.clone())
