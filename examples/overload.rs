@@ -31,7 +31,8 @@ usage: overload [--fast] [--scenario NAME|all]... [--loads X,Y,..] [--seed N]
                 [--queue-limit N] [--burstiness SHAPE] [--ranks N] [--threads N]
 
   --fast             small engine (64 sequences), 20 s window
-  --scenario NAME    base, bursty, ranks, long, retry, give-up, or all
+  --scenario NAME    base, bursty, ranks, long, long-docs, retry, give-up,
+                     or all
                      (repeatable; default base)
   --loads LIST       offered loads as multiples of capacity
                      (default 0.5,1,1.5,2,3,4,6,8; --fast 0.5,1,2,4,8)
@@ -241,6 +242,9 @@ fn run_scenario(scenario: &Scenario, out: &std::path::Path) -> Result<(), String
         "\nTTFT: \">\" marks a lower bound (requests still without a first token when the run ended)"
     );
     print!("{}", goals(&result, config));
+    if result.points.iter().any(|point| point.long.arrived > 0) {
+        print!("{}", split(&result, config));
+    }
     for (suffix, svg) in [
         ("goodput", goodput_plot(&result, config, scenario)),
         ("ttft", ttft_plot(&result, config, scenario)),
@@ -399,6 +403,97 @@ fn goals(result: &Sweep, config: &SweepConfig) -> String {
         }
     }
     out
+}
+
+/// Short and long prompts apart: goodput and p50/p99 TTFT of each class,
+/// and the token-budget goal: with the engine waiting token limit, short
+/// requests' p99 TTFT within the objective and total goodput not below the
+/// defaults' (within [`TIE`]).
+fn split(result: &Sweep, config: &SweepConfig) -> String {
+    let latency = |p: Option<sweep::Percentile>| p.map_or("-".to_string(), |p| p.to_string());
+    let mut out = format!(
+        "\nshort (prompt < {} tokens) and long requests apart:\n\n",
+        config.long_prompt_tokens
+    );
+    let _ = writeln!(
+        out,
+        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} |",
+        "system",
+        "load",
+        "goodput",
+        "short",
+        "short p50",
+        "short p99",
+        "long",
+        "long",
+        "long p50",
+        "long p99",
+        "long"
+    );
+    let _ = writeln!(
+        out,
+        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} |",
+        "", "", "req/s", "good/s", "TTFT", "TTFT", "arrived", "good/s", "TTFT", "TTFT", "reject"
+    );
+    let _ = writeln!(
+        out,
+        "|{}|-----:|---------:|---------:|----------:|----------:|---------:|---------:|----------:|----------:|-------:|",
+        "-".repeat(26)
+    );
+    for point in &result.points {
+        let _ = writeln!(
+            out,
+            "| {:<24} | {:>3}x | {:>8.1} | {:>8.1} | {:>9} | {:>9} | {:>8} | {:>8.2} | {:>9} | {:>9} | {:>5.0}% |",
+            point.system.name(),
+            point.load,
+            point.goodput,
+            point.short.goodput,
+            latency(point.short.ttft_p50),
+            latency(point.short.ttft_p99),
+            point.long.arrived,
+            point.long.goodput,
+            latency(point.long.ttft_p50),
+            latency(point.long.ttft_p99),
+            100.0 * ratio(point.long.rejected, point.long.arrived),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\ntoken-budget goal (engine waiting token limit {} per rank; short p99 TTFT <= {:?}; \
+         total goodput >= the defaults', within {:.0}% of capacity):",
+        result.calibration.token_budget,
+        config.slo.ttft,
+        100.0 * TIE
+    );
+    for &load in &config.loads {
+        let (Some(defaults), Some(budget)) = (
+            result.point(System::Gate, load),
+            result.point(System::GateTokenBudget, load),
+        ) else {
+            continue;
+        };
+        let short = budget
+            .short
+            .ttft_p99
+            .is_some_and(|p| !p.at_least && p.value <= config.slo.ttft);
+        let goodput = budget.goodput >= defaults.goodput - TIE * result.capacity();
+        let mark = |ok: bool| if ok { "yes" } else { "NO" };
+        let _ = writeln!(
+            out,
+            "  {load}x: short p99 TTFT {} (defaults {}) {}; goodput {:.1} vs {:.1} req/s {}",
+            latency(budget.short.ttft_p99),
+            latency(defaults.short.ttft_p99),
+            mark(short),
+            budget.goodput,
+            defaults.goodput,
+            mark(goodput)
+        );
+    }
+    out
+}
+
+fn ratio(n: usize, of: usize) -> f64 {
+    if of == 0 { 0.0 } else { n as f64 / of as f64 }
 }
 
 /// Line styles: (colour, extra stroke attributes). Systems that draw the

@@ -150,3 +150,36 @@ fn a_sweep_is_deterministic_for_a_seed() {
     let reseeded = SweepConfig { seed: 2, ..config };
     assert_ne!(first, sweep::run(&reseeded, &calibration, |_| {}));
 }
+
+#[test]
+fn the_ttft_objective_alone_keeps_goodput_and_bounds_the_first_token_wait() {
+    // The objective is the gate's only setting: no queue limit, no waiting
+    // limit. Goal: >= 90% of capacity at 2x, 4x and 8x, p99 TTFT of the
+    // admitted requests within the objective. The gate's wait budget is
+    // the objective minus the *mean* engine waiting time, so the requests
+    // admitted at the end of their budget reach the objective on average:
+    // p99 lands on it, a little above (by 0.1-2% in BENCHMARKS.md's
+    // runs). The bound checked is the objective plus 3%.
+    for (objective, loads) in [
+        (Duration::from_secs(1), &[2.0, 4.0, 8.0][..]),
+        (Duration::from_millis(500), &[8.0][..]),
+    ] {
+        let result = sweep(&[System::GateTtftObjective], loads, |config| {
+            config.slo.ttft = objective;
+        });
+        for &load in loads {
+            let point = result.point(System::GateTtftObjective, load).expect("run");
+            assert!(
+                point.capacity_fraction >= 0.9,
+                "{objective:?} at {load}x: {point:?}"
+            );
+            let p99 = point.ttft_p99.expect("admitted requests");
+            assert!(
+                !p99.at_least && p99.value <= objective.mul_f64(1.03),
+                "{objective:?} at {load}x: {point:?}"
+            );
+            // It gets there by turning the excess away, not by queueing it.
+            assert!(point.rejection_rate() > 0.4, "{point:?}");
+        }
+    }
+}

@@ -223,6 +223,9 @@ pub struct SweepConfig {
     pub burstiness: f64,
     /// Prompt lengths.
     pub prompt_tokens: Lengths,
+    /// Prompts of this many tokens or more are "long": [`Point::long`]
+    /// counts them apart from the others ([`Point::short`]).
+    pub long_prompt_tokens: usize,
     /// Output lengths.
     pub output_tokens: Lengths,
     /// Fraction of requests that name a rank (round-robin over the ranks);
@@ -269,6 +272,7 @@ impl Default for SweepConfig {
             gate: AdmissionConfig::new(),
             burstiness: 1.0,
             prompt_tokens: Lengths::sharegpt_prompt(),
+            long_prompt_tokens: 8192,
             output_tokens: Lengths::sharegpt_output(),
             ranked: 1.0,
             clients: Clients::Patient,
@@ -351,7 +355,8 @@ pub struct Scenario {
 /// | `base` | nothing: Poisson arrivals, ShareGPT-like lengths, patient clients, one rank |
 /// | `bursty` | gamma arrivals of shape 0.25 (gaps with 4× the variance of Poisson) |
 /// | `ranks` | four ranks; half the requests name a rank, half are unranked |
-/// | `long` | the long-prompt mix ([`Lengths::long_prompt_mix`]) |
+/// | `long` | the long-prompt mix ([`Lengths::long_prompt_mix`]); prompts of 1024 tokens or more count as long |
+/// | `long-docs` | the long-document mix ([`Lengths::long_document_mix`]): one prompt in ten of 8k–20k tokens; prompts of 8192 tokens or more count as long |
 /// | `retry` | clients retry rejections ([`Retry::default`]) |
 /// | `give-up` | clients cancel a request without a first token at the TTFT objective |
 pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
@@ -382,7 +387,18 @@ pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
         Scenario {
             name: "long",
             description: "long-prompt mix: 1 in 5 prompts ~3000 tokens",
-            config: with(&|c| c.prompt_tokens = Lengths::long_prompt_mix()),
+            config: with(&|c| {
+                c.prompt_tokens = Lengths::long_prompt_mix();
+                c.long_prompt_tokens = 1024;
+            }),
+        },
+        Scenario {
+            name: "long-docs",
+            description: "long-document mix: 1 in 10 prompts of 8k-20k tokens",
+            config: with(&|c| {
+                c.prompt_tokens = Lengths::long_document_mix();
+                c.long_prompt_tokens = 8192;
+            }),
         },
         Scenario {
             name: "retry",
@@ -485,6 +501,31 @@ pub struct Point {
     pub engine_queue_peak: usize,
     /// Simulated length of the run.
     pub simulated: Duration,
+    /// The requests with prompts shorter than
+    /// [`SweepConfig::long_prompt_tokens`].
+    pub short: Class,
+    /// The requests with prompts of [`SweepConfig::long_prompt_tokens`] or
+    /// more.
+    pub long: Class,
+}
+
+/// The requests of one prompt-length class at a [`Point`]: arrivals in the
+/// window, their goodput and the time to first token of the admitted ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Class {
+    /// Requests of the class that arrived in the window.
+    pub arrived: usize,
+    /// Of those, rejected for good.
+    pub rejected: usize,
+    /// Of those, completed within both objectives.
+    pub good: usize,
+    /// Good requests of the class per second of window.
+    pub goodput: f64,
+    /// Median time to first token of the admitted requests of the class
+    /// (not given up).
+    pub ttft_p50: Option<Percentile>,
+    /// 99th percentile of the same.
+    pub ttft_p99: Option<Percentile>,
 }
 
 impl Point {
@@ -923,6 +964,7 @@ struct Ledger {
 
 struct Record {
     arrival: Instant,
+    prompt_tokens: usize,
     sends: usize,
     rejected: bool,
     abandoned: bool,
@@ -1060,6 +1102,7 @@ async fn simulate(
                     } else if at < window_end {
                         ledger_now.records.push(Record {
                             arrival: at,
+                            prompt_tokens: arrival.prompt_tokens,
                             sends: 0,
                             rejected: false,
                             abandoned: false,
@@ -1128,6 +1171,22 @@ async fn simulate(
     // The arrivals and the clients still running go with the runtime.
     let ledger = lock(&ledger);
     let mut outcomes = Outcomes::of(&ledger.records, config.slo, end);
+    let class = |long: bool| {
+        let records: Vec<&Record> = ledger
+            .records
+            .iter()
+            .filter(|record| (record.prompt_tokens >= config.long_prompt_tokens) == long)
+            .collect();
+        let mut outcomes = Outcomes::of(records.iter().copied(), config.slo, end);
+        Class {
+            arrived: records.len(),
+            rejected: outcomes.rejected,
+            good: outcomes.good,
+            goodput: outcomes.good as f64 / config.window.as_secs_f64(),
+            ttft_p50: Percentile::of(&mut outcomes.ttfts, 0.50),
+            ttft_p99: Percentile::of(&mut outcomes.ttfts, 0.99),
+        }
+    };
     let goodput = outcomes.good as f64 / config.window.as_secs_f64();
     let stats = engine.stats();
     Point {
@@ -1150,6 +1209,8 @@ async fn simulate(
         engine_cancelled: stats.cancelled,
         engine_queue_peak: ledger.engine_queue_peak,
         simulated: end - start,
+        short: class(false),
+        long: class(true),
     }
 }
 
@@ -1317,15 +1378,15 @@ struct Outcomes {
 }
 
 impl Outcomes {
-    fn of(records: &[Record], slo: Slo, end: Instant) -> Outcomes {
+    fn of<'a>(records: impl IntoIterator<Item = &'a Record>, slo: Slo, end: Instant) -> Outcomes {
         let mut outcomes = Outcomes {
             sends: 0,
             rejected: 0,
             abandoned: 0,
             completed: 0,
             good: 0,
-            ttfts: Vec::with_capacity(records.len()),
-            tpots: Vec::with_capacity(records.len()),
+            ttfts: Vec::new(),
+            tpots: Vec::new(),
         };
         for record in records {
             outcomes.sends += record.sends;
