@@ -22,13 +22,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tower_admission::AdmissionConfig;
 use tower_admission::sim::sweep::{self, Calibration, Point, Scenario, Sweep, SweepConfig, System};
 
 const USAGE: &str = "\
 usage: overload [--fast] [--scenario NAME|all]... [--loads X,Y,..] [--seed N]
                 [--out DIR] [--ttft-slo SECONDS] [--tpot-slo MILLISECONDS]
-                [--queue-limit N] [--burstiness SHAPE] [--ranks N] [--threads N]
+                [--queue-limit N] [--engine-token-limit N] [--burstiness SHAPE]
+                [--ranks N] [--threads N]
 
   --fast             small engine (64 sequences), 20 s window
   --scenario NAME    base, bursty, ranks, long, long-docs, retry, give-up,
@@ -42,6 +42,10 @@ usage: overload [--fast] [--scenario NAME|all]... [--loads X,Y,..] [--seed N]
   --tpot-slo MS      time-per-output-token objective in ms (default 100)
   --queue-limit N    the gate's request queue limit per rank for the
                      'gate, defaults' row (default: 2 x max_num_seqs)
+  --engine-token-limit N
+                     the gate's engine token limit per rank (prompt + output
+                     tokens of admitted requests, a stand-in for the KV
+                     cache) for every gate row (default: off)
   --burstiness K     gamma shape of arrival gaps of 'base'; 1 = Poisson
   --ranks N          data-parallel ranks of 'base' (default 1)
   --threads N        points simulated in parallel (default: all cores)";
@@ -78,8 +82,15 @@ fn parse() -> Result<Options, String> {
             "-h" | "--help" => return Err(String::new()),
             "--out" => out = args.next().ok_or("--out needs a directory")?.into(),
             "--scenario" => scenarios.push(args.next().ok_or("--scenario needs a name")?),
-            "--seed" | "--ttft-slo" | "--tpot-slo" | "--queue-limit" | "--burstiness"
-            | "--ranks" | "--threads" | "--loads" => {
+            "--seed"
+            | "--ttft-slo"
+            | "--tpot-slo"
+            | "--queue-limit"
+            | "--engine-token-limit"
+            | "--burstiness"
+            | "--ranks"
+            | "--threads"
+            | "--loads" => {
                 let value = args.next().ok_or(format!("{arg} needs a value"))?;
                 flags.push((arg, value));
             }
@@ -113,7 +124,14 @@ fn parse() -> Result<Options, String> {
             }
             "--ttft-slo" => base.slo.ttft = Duration::from_secs_f64(number(&value)?),
             "--tpot-slo" => base.slo.tpot = Duration::from_secs_f64(number(&value)? / 1e3),
-            "--queue-limit" => base.gate = AdmissionConfig::new().request_queue_limit(count()?),
+            "--queue-limit" => base.gate = base.gate.clone().request_queue_limit(count()?),
+            "--engine-token-limit" => {
+                let n = count()?;
+                if n == 0 {
+                    return Err("--engine-token-limit must be positive".into());
+                }
+                base.gate = base.gate.clone().engine_token_limit(n);
+            }
             "--burstiness" => base.burstiness = number(&value)?,
             "--ranks" => {
                 base.engine.dp_ranks = count()?;
@@ -417,7 +435,7 @@ fn split(result: &Sweep, config: &SweepConfig) -> String {
     );
     let _ = writeln!(
         out,
-        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} |",
+        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} | {:>7} |",
         "system",
         "load",
         "goodput",
@@ -428,22 +446,34 @@ fn split(result: &Sweep, config: &SweepConfig) -> String {
         "long",
         "long p50",
         "long p99",
-        "long"
+        "long",
+        "engine"
     );
     let _ = writeln!(
         out,
-        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} |",
-        "", "", "req/s", "good/s", "TTFT", "TTFT", "arrived", "good/s", "TTFT", "TTFT", "reject"
+        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} | {:>7} |",
+        "",
+        "",
+        "req/s",
+        "good/s",
+        "TTFT",
+        "TTFT",
+        "arrived",
+        "good/s",
+        "TTFT",
+        "TTFT",
+        "reject",
+        "preempt"
     );
     let _ = writeln!(
         out,
-        "|{}|-----:|---------:|---------:|----------:|----------:|---------:|---------:|----------:|----------:|-------:|",
+        "|{}|-----:|---------:|---------:|----------:|----------:|---------:|---------:|----------:|----------:|-------:|--------:|",
         "-".repeat(26)
     );
     for point in &result.points {
         let _ = writeln!(
             out,
-            "| {:<24} | {:>3}x | {:>8.1} | {:>8.1} | {:>9} | {:>9} | {:>8} | {:>8.2} | {:>9} | {:>9} | {:>5.0}% |",
+            "| {:<24} | {:>3}x | {:>8.1} | {:>8.1} | {:>9} | {:>9} | {:>8} | {:>8.2} | {:>9} | {:>9} | {:>5.0}% | {:>7} |",
             point.system.name(),
             point.load,
             point.goodput,
@@ -455,6 +485,7 @@ fn split(result: &Sweep, config: &SweepConfig) -> String {
             latency(point.long.ttft_p50),
             latency(point.long.ttft_p99),
             100.0 * ratio(point.long.rejected, point.long.arrived),
+            point.preemptions,
         );
     }
     let _ = writeln!(
