@@ -3,12 +3,14 @@
 //! pick instead of this crate (none, `tower::limit::ConcurrencyLimit`, a
 //! TGI-style semaphore, a vLLM-style cap) and for this crate's gate (with
 //! defaults, with a Little's-law waiting limit, sized for the first-token
-//! objective), in the scenarios of `tower_admission::sim::sweep::scenarios`.
+//! objective, with the objective as its setting, with an engine waiting
+//! token budget), in the scenarios of `tower_admission::sim::sweep::scenarios`.
 //!
 //! ```text
 //! cargo run --release --example overload --features sim
 //! cargo run --release --example overload --features sim -- --fast --scenario all
 //! cargo run --release --example overload --features sim -- --fast --scenario retry --ttft-slo 2
+//! cargo run --release --example overload --features sim -- --scenario long-docs --loads 2 --ttft-slo 2 --queue-limit 18
 //! ```
 //!
 //! Prints one table per scenario (Markdown), checks the goals, and writes

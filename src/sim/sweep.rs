@@ -12,9 +12,16 @@
 //! | [`Gate`](System::Gate) | a [`Gate`] with [`SweepConfig::gate`] (defaults: every limit follows the engine's report): `acquire` before the engine, [`Permit::first_token`] at the first token, the permit dropped at the end of the stream; rejections answered at once |
 //! | [`GateLittlesLaw`](System::GateLittlesLaw) | the gate with its engine request waiting limit sized by Little's law ([`sizing`](crate::sizing)) on a calibration run ([`Calibration`]) |
 //! | [`GateSizedForObjective`](System::GateSizedForObjective) | the same, and a request queue limit sized by Little's law for the first-token objective: the queue a rank drains within the objective's slack |
+//! | [`GateTtftObjective`](System::GateTtftObjective) | the gate with the run's first-token objective as its [`ttft_objective`](AdmissionConfig::ttft_objective), on the simulator's clock, and no queue tuning |
+//! | [`GateTokenBudget`](System::GateTokenBudget) | the gate with an engine waiting token limit of [`Calibration::token_budget`]: the objective × the engine's prefill rate |
 //!
-//! Rows for the gate's opt-in settings (token budgets, a TTFT objective)
-//! are added in one place, [`gate_config`], with a [`System`] variant each.
+//! The gate is asked with a [`Descriptor`]: the request's rank and its
+//! [`Cost`] (prompt tokens, and its output length as `max_tokens`). A
+//! request queued with a wait budget ([`Acquire::expires_at`](crate::Acquire::expires_at))
+//! is expired by a timer on the simulator's clock, as a server's own timer
+//! would; a rejection for the deadline is a rejection. Rows for other
+//! gate settings are added in one place, [`gate_config`], with a
+//! [`System`] variant each.
 //!
 //! Each point is one run on its own [`VirtualRuntime`], so the whole sweep
 //! is deterministic for a seed, and the runs are spread over threads.
@@ -637,13 +644,9 @@ impl Calibration {
 
 /// The gate's configuration for a gate `system`; `None` for the others.
 ///
-/// This is where rows for the gate's opt-in settings go: when token
-/// budgets or a TTFT objective land, add a [`System`] variant each (to
-/// [`System::ALL`] too) and its configuration here, e.g. the engine waiting
-/// token limit from the prefill rate × the TTFT objective, or the
-/// objective itself from `config.slo.ttft`. A request's cost (prompt and
-/// output tokens) and deadline are at hand in `Front::start`, where the
-/// gate is asked.
+/// This is where rows for the gate's settings go: add a [`System`]
+/// variant (to [`System::ALL`] too) and its configuration here. A
+/// request's descriptor is built in `admit`, where the gate is asked.
 pub fn gate_config(
     system: System,
     config: &SweepConfig,

@@ -337,6 +337,25 @@ mod tests {
     }
 
     #[test]
+    fn the_long_document_mix_has_one_prompt_of_8k_to_20k_tokens_in_ten() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let lengths: Vec<usize> = (0..50_000)
+            .map(|_| Lengths::long_document_mix().sample(&mut rng))
+            .collect();
+        let long: Vec<usize> = lengths.iter().copied().filter(|&n| n >= 8192).collect();
+        assert!(
+            (0.095..0.105).contains(&(long.len() as f64 / 50_000.0)),
+            "{}",
+            long.len()
+        );
+        assert!(long.iter().all(|&n| n <= 20_480));
+        // The short part never reaches the long one.
+        assert!(lengths.iter().all(|&n| n <= 4096 || n >= 8192));
+        let (mean, _) = mean(lengths.iter().map(|&n| n as f64));
+        assert!((1250.0..1450.0).contains(&mean), "{mean}");
+    }
+
+    #[test]
     fn the_long_prompt_mix_has_one_long_prompt_in_five() {
         let mut rng = StdRng::seed_from_u64(5);
         let lengths: Vec<usize> = (0..50_000)
