@@ -3,12 +3,14 @@
 //! pick instead of this crate (none, `tower::limit::ConcurrencyLimit`, a
 //! TGI-style semaphore, a vLLM-style cap) and for this crate's gate (with
 //! defaults, with a Little's-law waiting limit, sized for the first-token
-//! objective), in the scenarios of `tower_admission::sim::sweep::scenarios`.
+//! objective, with the objective as its setting, with an engine waiting
+//! token budget), in the scenarios of `tower_admission::sim::sweep::scenarios`.
 //!
 //! ```text
 //! cargo run --release --example overload --features sim
 //! cargo run --release --example overload --features sim -- --fast --scenario all
 //! cargo run --release --example overload --features sim -- --fast --scenario retry --ttft-slo 2
+//! cargo run --release --example overload --features sim -- --scenario long-docs --loads 2 --ttft-slo 2 --queue-limit 18
 //! ```
 //!
 //! Prints one table per scenario (Markdown), checks the goals, and writes
@@ -22,16 +24,17 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tower_admission::AdmissionConfig;
 use tower_admission::sim::sweep::{self, Calibration, Point, Scenario, Sweep, SweepConfig, System};
 
 const USAGE: &str = "\
 usage: overload [--fast] [--scenario NAME|all]... [--loads X,Y,..] [--seed N]
                 [--out DIR] [--ttft-slo SECONDS] [--tpot-slo MILLISECONDS]
-                [--queue-limit N] [--burstiness SHAPE] [--ranks N] [--threads N]
+                [--queue-limit N] [--engine-token-limit N] [--burstiness SHAPE]
+                [--ranks N] [--threads N]
 
   --fast             small engine (64 sequences), 20 s window
-  --scenario NAME    base, bursty, ranks, long, retry, give-up, or all
+  --scenario NAME    base, bursty, ranks, long, long-docs, retry, give-up,
+                     or all
                      (repeatable; default base)
   --loads LIST       offered loads as multiples of capacity
                      (default 0.5,1,1.5,2,3,4,6,8; --fast 0.5,1,2,4,8)
@@ -41,6 +44,10 @@ usage: overload [--fast] [--scenario NAME|all]... [--loads X,Y,..] [--seed N]
   --tpot-slo MS      time-per-output-token objective in ms (default 100)
   --queue-limit N    the gate's request queue limit per rank for the
                      'gate, defaults' row (default: 2 x max_num_seqs)
+  --engine-token-limit N
+                     the gate's engine token limit per rank (prompt + output
+                     tokens of admitted requests, a stand-in for the KV
+                     cache) for every gate row (default: off)
   --burstiness K     gamma shape of arrival gaps of 'base'; 1 = Poisson
   --ranks N          data-parallel ranks of 'base' (default 1)
   --threads N        points simulated in parallel (default: all cores)";
@@ -77,8 +84,15 @@ fn parse() -> Result<Options, String> {
             "-h" | "--help" => return Err(String::new()),
             "--out" => out = args.next().ok_or("--out needs a directory")?.into(),
             "--scenario" => scenarios.push(args.next().ok_or("--scenario needs a name")?),
-            "--seed" | "--ttft-slo" | "--tpot-slo" | "--queue-limit" | "--burstiness"
-            | "--ranks" | "--threads" | "--loads" => {
+            "--seed"
+            | "--ttft-slo"
+            | "--tpot-slo"
+            | "--queue-limit"
+            | "--engine-token-limit"
+            | "--burstiness"
+            | "--ranks"
+            | "--threads"
+            | "--loads" => {
                 let value = args.next().ok_or(format!("{arg} needs a value"))?;
                 flags.push((arg, value));
             }
@@ -112,7 +126,14 @@ fn parse() -> Result<Options, String> {
             }
             "--ttft-slo" => base.slo.ttft = Duration::from_secs_f64(number(&value)?),
             "--tpot-slo" => base.slo.tpot = Duration::from_secs_f64(number(&value)? / 1e3),
-            "--queue-limit" => base.gate = AdmissionConfig::new().request_queue_limit(count()?),
+            "--queue-limit" => base.gate = base.gate.clone().request_queue_limit(count()?),
+            "--engine-token-limit" => {
+                let n = count()?;
+                if n == 0 {
+                    return Err("--engine-token-limit must be positive".into());
+                }
+                base.gate = base.gate.clone().engine_token_limit(n);
+            }
             "--burstiness" => base.burstiness = number(&value)?,
             "--ranks" => {
                 base.engine.dp_ranks = count()?;
@@ -241,6 +262,9 @@ fn run_scenario(scenario: &Scenario, out: &std::path::Path) -> Result<(), String
         "\nTTFT: \">\" marks a lower bound (requests still without a first token when the run ended)"
     );
     print!("{}", goals(&result, config));
+    if result.points.iter().any(|point| point.long.arrived > 0) {
+        print!("{}", split(&result, config));
+    }
     for (suffix, svg) in [
         ("goodput", goodput_plot(&result, config, scenario)),
         ("ttft", ttft_plot(&result, config, scenario)),
@@ -401,6 +425,110 @@ fn goals(result: &Sweep, config: &SweepConfig) -> String {
     out
 }
 
+/// Short and long prompts apart: goodput and p50/p99 TTFT of each class,
+/// and the token-budget goal: with the engine waiting token limit, short
+/// requests' p99 TTFT within the objective and total goodput not below the
+/// defaults' (within [`TIE`]).
+fn split(result: &Sweep, config: &SweepConfig) -> String {
+    let latency = |p: Option<sweep::Percentile>| p.map_or("-".to_string(), |p| p.to_string());
+    let mut out = format!(
+        "\nshort (prompt < {} tokens) and long requests apart:\n\n",
+        config.long_prompt_tokens
+    );
+    let _ = writeln!(
+        out,
+        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} | {:>7} |",
+        "system",
+        "load",
+        "goodput",
+        "short",
+        "short p50",
+        "short p99",
+        "long",
+        "long",
+        "long p50",
+        "long p99",
+        "long",
+        "engine"
+    );
+    let _ = writeln!(
+        out,
+        "| {:<24} | {:>4} | {:>8} | {:>8} | {:>9} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} | {:>6} | {:>7} |",
+        "",
+        "",
+        "req/s",
+        "good/s",
+        "TTFT",
+        "TTFT",
+        "arrived",
+        "good/s",
+        "TTFT",
+        "TTFT",
+        "reject",
+        "preempt"
+    );
+    let _ = writeln!(
+        out,
+        "|{}|-----:|---------:|---------:|----------:|----------:|---------:|---------:|----------:|----------:|-------:|--------:|",
+        "-".repeat(26)
+    );
+    for point in &result.points {
+        let _ = writeln!(
+            out,
+            "| {:<24} | {:>3}x | {:>8.1} | {:>8.1} | {:>9} | {:>9} | {:>8} | {:>8.2} | {:>9} | {:>9} | {:>5.0}% | {:>7} |",
+            point.system.name(),
+            point.load,
+            point.goodput,
+            point.short.goodput,
+            latency(point.short.ttft_p50),
+            latency(point.short.ttft_p99),
+            point.long.arrived,
+            point.long.goodput,
+            latency(point.long.ttft_p50),
+            latency(point.long.ttft_p99),
+            100.0 * ratio(point.long.rejected, point.long.arrived),
+            point.preemptions,
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\ntoken-budget goal (engine waiting token limit {} per rank; short p99 TTFT <= {:?}; \
+         total goodput >= the defaults', within {:.0}% of capacity):",
+        result.calibration.token_budget,
+        config.slo.ttft,
+        100.0 * TIE
+    );
+    for &load in &config.loads {
+        let (Some(defaults), Some(budget)) = (
+            result.point(System::Gate, load),
+            result.point(System::GateTokenBudget, load),
+        ) else {
+            continue;
+        };
+        let short = budget
+            .short
+            .ttft_p99
+            .is_some_and(|p| !p.at_least && p.value <= config.slo.ttft);
+        let goodput = budget.goodput >= defaults.goodput - TIE * result.capacity();
+        let mark = |ok: bool| if ok { "yes" } else { "NO" };
+        let _ = writeln!(
+            out,
+            "  {load}x: short p99 TTFT {} (defaults {}) {}; goodput {:.1} vs {:.1} req/s {}",
+            latency(budget.short.ttft_p99),
+            latency(defaults.short.ttft_p99),
+            mark(short),
+            budget.goodput,
+            defaults.goodput,
+            mark(goodput)
+        );
+    }
+    out
+}
+
+fn ratio(n: usize, of: usize) -> f64 {
+    if of == 0 { 0.0 } else { n as f64 / of as f64 }
+}
+
 /// Line styles: (colour, extra stroke attributes). Systems that draw the
 /// same curve are told apart by width and dashes.
 fn style(system: System) -> (&'static str, &'static str) {
@@ -412,6 +540,8 @@ fn style(system: System) -> (&'static str, &'static str) {
         System::Gate => ("#1f77b4", r#"stroke-width="2.5""#),
         System::GateLittlesLaw => ("#17becf", r#"stroke-width="2" stroke-dasharray="3,3""#),
         System::GateSizedForObjective => ("#2ca02c", r#"stroke-width="2.5""#),
+        System::GateTtftObjective => ("#e377c2", r#"stroke-width="2.5" stroke-dasharray="2,4""#),
+        System::GateTokenBudget => ("#bcbd22", r#"stroke-width="2" stroke-dasharray="10,3""#),
     }
 }
 

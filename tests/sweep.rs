@@ -150,3 +150,83 @@ fn a_sweep_is_deterministic_for_a_seed() {
     let reseeded = SweepConfig { seed: 2, ..config };
     assert_ne!(first, sweep::run(&reseeded, &calibration, |_| {}));
 }
+
+#[test]
+fn the_ttft_objective_alone_keeps_goodput_and_bounds_the_first_token_wait() {
+    // The objective is the gate's only setting: no queue limit, no waiting
+    // limit. Goal: >= 90% of capacity at 2x, 4x and 8x, p99 TTFT of the
+    // admitted requests within the objective. The gate's wait budget is
+    // the objective minus the *mean* engine waiting time, so the requests
+    // admitted at the end of their budget reach the objective on average:
+    // p99 lands on it, a little above (by 0.1-2% in BENCHMARKS.md's
+    // runs). The bound checked is the objective plus 3%.
+    for (objective, loads) in [
+        (Duration::from_secs(1), &[2.0, 4.0, 8.0][..]),
+        (Duration::from_millis(500), &[8.0][..]),
+    ] {
+        let result = sweep(&[System::GateTtftObjective], loads, |config| {
+            config.slo.ttft = objective;
+        });
+        for &load in loads {
+            let point = result.point(System::GateTtftObjective, load).expect("run");
+            assert!(
+                point.capacity_fraction >= 0.9,
+                "{objective:?} at {load}x: {point:?}"
+            );
+            let p99 = point.ttft_p99.expect("admitted requests");
+            assert!(
+                !p99.at_least && p99.value <= objective.mul_f64(1.03),
+                "{objective:?} at {load}x: {point:?}"
+            );
+            // It gets there by turning the excess away, not by queueing it.
+            assert!(point.rejection_rate() > 0.4, "{point:?}");
+        }
+    }
+}
+
+#[test]
+fn with_long_documents_the_token_budget_does_not_cost_goodput_and_shortens_the_short_tail() {
+    // The long-docs scenario at 2x, a 0.5 s objective, the queue sized for
+    // it and the KV cache's size as the engine token limit on every gate
+    // row: counts only vs counts plus the engine waiting token budget.
+    let base = SweepConfig {
+        systems: vec![System::Gate, System::GateTokenBudget],
+        loads: vec![2.0],
+        ..SweepConfig::fast()
+    };
+    let mut config = sweep::scenarios(&base)
+        .into_iter()
+        .find(|scenario| scenario.name == "long-docs")
+        .expect("the long-docs scenario")
+        .config;
+    config.slo.ttft = Duration::from_millis(500);
+    let calibration = Calibration::measure(&config);
+    config.gate = tower_admission::AdmissionConfig::new()
+        .request_queue_limit(calibration.queue_for_objective.max(1))
+        .engine_token_limit(config.engine.kv_blocks * config.engine.block_size);
+    let result = sweep::run(&config, &calibration, |_| {});
+    let defaults = result.point(System::Gate, 2.0).expect("run");
+    let budget = result.point(System::GateTokenBudget, 2.0).expect("run");
+    for point in [defaults, budget] {
+        assert_eq!(point.short.arrived + point.long.arrived, point.arrived);
+        assert!(point.long.arrived * 20 > point.arrived, "{point:?}");
+    }
+    assert_eq!(
+        calibration.token_budget,
+        tower_admission::sizing::token_budget(
+            Duration::from_millis(500),
+            config.engine.prefill_tokens_per_second()
+        )
+    );
+    // Goodput does not fall, within the spread of one point of this short
+    // run (about ±4% of capacity, as above; seed 1: 18.1 vs 18.8 req/s).
+    assert!(
+        budget.goodput >= defaults.goodput - 0.1 * result.capacity(),
+        "{budget:?} vs {defaults:?}"
+    );
+    let short_p99 = |point: &sweep::Point| point.short.ttft_p99.expect("admitted").value;
+    assert!(
+        short_p99(budget) < short_p99(defaults),
+        "{budget:?} vs {defaults:?}"
+    );
+}

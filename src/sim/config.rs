@@ -104,6 +104,18 @@ impl EngineConfig {
         EngineCapacity::new(self.max_num_seqs, self.dp_ranks)
     }
 
+    /// The engine's prefill rate of one rank, tokens per second: a full
+    /// chunked-prefill step (`max_num_batched_tokens` prompt tokens, no
+    /// decodes) over its step time. This is the rate a burst of prompts is
+    /// prefilled at; decodes sharing a step lower it a little (256 of them
+    /// take 256 tokens of the step's budget and 1.5 ms), so it is an upper
+    /// bound. The default engine: 2048 tokens in 41.1 ms, about 49,900
+    /// tokens/s.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        let step = self.step_time.of(self.max_num_batched_tokens, 0);
+        self.max_num_batched_tokens as f64 / step.as_secs_f64()
+    }
+
     #[track_caller]
     pub(crate) fn validate(&self) {
         let positive = [

@@ -12,9 +12,16 @@
 //! | [`Gate`](System::Gate) | a [`Gate`] with [`SweepConfig::gate`] (defaults: every limit follows the engine's report): `acquire` before the engine, [`Permit::first_token`] at the first token, the permit dropped at the end of the stream; rejections answered at once |
 //! | [`GateLittlesLaw`](System::GateLittlesLaw) | the gate with its engine request waiting limit sized by Little's law ([`sizing`](crate::sizing)) on a calibration run ([`Calibration`]) |
 //! | [`GateSizedForObjective`](System::GateSizedForObjective) | the same, and a request queue limit sized by Little's law for the first-token objective: the queue a rank drains within the objective's slack |
+//! | [`GateTtftObjective`](System::GateTtftObjective) | the gate with the run's first-token objective as its [`ttft_objective`](AdmissionConfig::ttft_objective), on the simulator's clock, and no queue tuning |
+//! | [`GateTokenBudget`](System::GateTokenBudget) | the gate with an engine waiting token limit of [`Calibration::token_budget`]: the objective × the engine's prefill rate |
 //!
-//! Rows for the gate's opt-in settings (token budgets, a TTFT objective)
-//! are added in one place, [`gate_config`], with a [`System`] variant each.
+//! The gate is asked with a [`Descriptor`]: the request's rank and its
+//! [`Cost`] (prompt tokens, and its output length as `max_tokens`). A
+//! request queued with a wait budget ([`Acquire::expires_at`](crate::Acquire::expires_at))
+//! is expired by a timer on the simulator's clock, as a server's own timer
+//! would; a rejection for the deadline is a rejection. Rows for other
+//! gate settings are added in one place, [`gate_config`], with a
+//! [`System`] variant each.
 //!
 //! Each point is one run on its own [`VirtualRuntime`], so the whole sweep
 //! is deterministic for a seed, and the runs are spread over threads.
@@ -58,8 +65,8 @@ use super::config::{EngineConfig, Token};
 use super::engine::{Request, SimEngine, SubmitError, TokenStream};
 use super::time::{self, VirtualRuntime};
 use super::workload::{Lengths, Workload};
-use crate::sizing::{Estimate, Sampler};
-use crate::{AdmissionConfig, Gate, Permit};
+use crate::sizing::{Estimate, Sampler, token_budget};
+use crate::{AdmissionConfig, Cost, Descriptor, Gate, Permit};
 
 /// What stands between the clients and the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,11 +86,17 @@ pub enum System {
     /// The gate with a Little's-law waiting limit and a request queue
     /// limit sized for the first-token objective.
     GateSizedForObjective,
+    /// The gate with the first-token objective ([`Slo::ttft`]) as its
+    /// setting, on the simulator's clock, and no queue tuning.
+    GateTtftObjective,
+    /// The gate with an engine waiting token limit sized for the
+    /// first-token objective ([`Calibration::token_budget`]).
+    GateTokenBudget,
 }
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 7] = [
+    pub const ALL: [System; 9] = [
         System::NoAdmission,
         System::ConcurrencyLimit,
         System::TgiSemaphore,
@@ -91,6 +104,8 @@ impl System {
         System::Gate,
         System::GateLittlesLaw,
         System::GateSizedForObjective,
+        System::GateTtftObjective,
+        System::GateTokenBudget,
     ];
 
     /// What a user would pick instead of this crate.
@@ -111,6 +126,8 @@ impl System {
             System::Gate => "gate, defaults",
             System::GateLittlesLaw => "gate, Little's-law wait",
             System::GateSizedForObjective => "gate, sized for TTFT",
+            System::GateTtftObjective => "gate with TTFT objective",
+            System::GateTokenBudget => "gate with token budget",
         }
     }
 
@@ -118,7 +135,11 @@ impl System {
     pub fn is_gate(&self) -> bool {
         matches!(
             self,
-            System::Gate | System::GateLittlesLaw | System::GateSizedForObjective
+            System::Gate
+                | System::GateLittlesLaw
+                | System::GateSizedForObjective
+                | System::GateTtftObjective
+                | System::GateTokenBudget
         )
     }
 }
@@ -209,6 +230,9 @@ pub struct SweepConfig {
     pub burstiness: f64,
     /// Prompt lengths.
     pub prompt_tokens: Lengths,
+    /// Prompts of this many tokens or more are "long": [`Point::long`]
+    /// counts them apart from the others ([`Point::short`]).
+    pub long_prompt_tokens: usize,
     /// Output lengths.
     pub output_tokens: Lengths,
     /// Fraction of requests that name a rank (round-robin over the ranks);
@@ -255,6 +279,7 @@ impl Default for SweepConfig {
             gate: AdmissionConfig::new(),
             burstiness: 1.0,
             prompt_tokens: Lengths::sharegpt_prompt(),
+            long_prompt_tokens: 8192,
             output_tokens: Lengths::sharegpt_output(),
             ranked: 1.0,
             clients: Clients::Patient,
@@ -337,7 +362,8 @@ pub struct Scenario {
 /// | `base` | nothing: Poisson arrivals, ShareGPT-like lengths, patient clients, one rank |
 /// | `bursty` | gamma arrivals of shape 0.25 (gaps with 4× the variance of Poisson) |
 /// | `ranks` | four ranks; half the requests name a rank, half are unranked |
-/// | `long` | the long-prompt mix ([`Lengths::long_prompt_mix`]) |
+/// | `long` | the long-prompt mix ([`Lengths::long_prompt_mix`]); prompts of 1024 tokens or more count as long |
+/// | `long-docs` | the long-document mix ([`Lengths::long_document_mix`]): one prompt in ten of 8k–20k tokens; prompts of 8192 tokens or more count as long |
 /// | `retry` | clients retry rejections ([`Retry::default`]) |
 /// | `give-up` | clients cancel a request without a first token at the TTFT objective |
 pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
@@ -368,7 +394,18 @@ pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
         Scenario {
             name: "long",
             description: "long-prompt mix: 1 in 5 prompts ~3000 tokens",
-            config: with(&|c| c.prompt_tokens = Lengths::long_prompt_mix()),
+            config: with(&|c| {
+                c.prompt_tokens = Lengths::long_prompt_mix();
+                c.long_prompt_tokens = 1024;
+            }),
+        },
+        Scenario {
+            name: "long-docs",
+            description: "long-document mix: 1 in 10 prompts of 8k-20k tokens",
+            config: with(&|c| {
+                c.prompt_tokens = Lengths::long_document_mix();
+                c.long_prompt_tokens = 8192;
+            }),
         },
         Scenario {
             name: "retry",
@@ -471,6 +508,31 @@ pub struct Point {
     pub engine_queue_peak: usize,
     /// Simulated length of the run.
     pub simulated: Duration,
+    /// The requests with prompts shorter than
+    /// [`SweepConfig::long_prompt_tokens`].
+    pub short: Class,
+    /// The requests with prompts of [`SweepConfig::long_prompt_tokens`] or
+    /// more.
+    pub long: Class,
+}
+
+/// The requests of one prompt-length class at a [`Point`]: arrivals in the
+/// window, their goodput and the time to first token of the admitted ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Class {
+    /// Requests of the class that arrived in the window.
+    pub arrived: usize,
+    /// Of those, rejected for good.
+    pub rejected: usize,
+    /// Of those, completed within both objectives.
+    pub good: usize,
+    /// Good requests of the class per second of window.
+    pub goodput: f64,
+    /// Median time to first token of the admitted requests of the class
+    /// (not given up).
+    pub ttft_p50: Option<Percentile>,
+    /// 99th percentile of the same.
+    pub ttft_p99: Option<Percentile>,
 }
 
 impl Point {
@@ -548,6 +610,12 @@ pub struct Calibration {
     /// objective leaves after `W`, by Little's law again. Half: the
     /// objective bounds the 99th percentile, not the mean.
     pub queue_for_objective: usize,
+    /// The engine waiting token limit per rank for the first-token
+    /// objective: [`sizing::token_budget`](crate::sizing::token_budget) of
+    /// the objective and the engine's prefill rate,
+    /// [`EngineConfig::prefill_tokens_per_second`] (a full chunked-prefill
+    /// step, from the step-time model).
+    pub token_budget: usize,
 }
 
 impl Calibration {
@@ -569,19 +637,16 @@ impl Calibration {
             estimate,
             waiting_limit: estimate.waiting_limit(),
             queue_for_objective,
+            token_budget: token_budget(config.slo.ttft, config.engine.prefill_tokens_per_second()),
         }
     }
 }
 
 /// The gate's configuration for a gate `system`; `None` for the others.
 ///
-/// This is where rows for the gate's opt-in settings go: when token
-/// budgets or a TTFT objective land, add a [`System`] variant each (to
-/// [`System::ALL`] too) and its configuration here, e.g. the engine waiting
-/// token limit from the prefill rate × the TTFT objective, or the
-/// objective itself from `config.slo.ttft`. A request's cost (prompt and
-/// output tokens) and deadline are at hand in `Front::start`, where the
-/// gate is asked.
+/// This is where rows for the gate's settings go: add a [`System`]
+/// variant (to [`System::ALL`] too) and its configuration here. A
+/// request's descriptor is built in `admit`, where the gate is asked.
 pub fn gate_config(
     system: System,
     config: &SweepConfig,
@@ -601,6 +666,21 @@ pub fn gate_config(
                 .clone()
                 .engine_request_waiting_limit(calibration.waiting_limit)
                 .request_queue_limit(calibration.queue_for_objective),
+        ),
+        // The objective is the run's own; the gate measures queue waits and
+        // engine waiting times on the simulator's (virtual) clock.
+        System::GateTtftObjective => Some(
+            config
+                .gate
+                .clone()
+                .ttft_objective(config.slo.ttft)
+                .clock(|| time::now().into_std()),
+        ),
+        System::GateTokenBudget => Some(
+            config
+                .gate
+                .clone()
+                .engine_waiting_token_limit(calibration.token_budget),
         ),
         System::NoAdmission | System::ConcurrencyLimit | System::TgiSemaphore | System::VllmCap => {
             None
@@ -813,9 +893,7 @@ impl Front {
                 Ok(permit) => first_token(engine.submit(request), Hold::Semaphore(permit)).await,
                 Err(_) => Started::Rejected,
             },
-            // Hook: when the gate takes a request descriptor (token cost,
-            // deadline), build it here from `request`.
-            Front::Gate(gate, engine) => match gate.acquire(request.rank).await {
+            Front::Gate(gate, engine) => match admit(&gate, request).await {
                 Ok(permit) => {
                     let request = Request {
                         rank: permit.rank().or(request.rank),
@@ -825,6 +903,32 @@ impl Front {
                 }
                 Err(_overloaded) => Started::Rejected,
             },
+        }
+    }
+}
+
+/// Asks the gate for `request`: its rank and its cost (prompt tokens and,
+/// as `max_tokens`, its output length). When the request is queued with a
+/// wait budget, a timer on the simulator's clock expires it, as a server
+/// does with its own timer: the gate keeps none.
+async fn admit(gate: &Gate, request: Request) -> Result<Permit, crate::Overloaded> {
+    let descriptor = Descriptor::new()
+        .with_rank(request.rank)
+        .with_cost(Cost::new(
+            request.prompt_tokens,
+            Some(request.output_tokens),
+        ));
+    let mut acquire = gate.acquire_with(descriptor);
+    let Some(expires_at) = acquire.expires_at() else {
+        return acquire.await;
+    };
+    match time::timeout_at(Instant::from_std(expires_at), &mut acquire).await {
+        Some(outcome) => outcome,
+        None => {
+            // Rejected for its deadline, unless an admission was offered
+            // meanwhile: the Acquire tells which.
+            acquire.expire();
+            acquire.await
         }
     }
 }
@@ -863,6 +967,7 @@ struct Ledger {
 
 struct Record {
     arrival: Instant,
+    prompt_tokens: usize,
     sends: usize,
     rejected: bool,
     abandoned: bool,
@@ -954,7 +1059,11 @@ async fn simulate(
             engine.clone(),
         ),
         System::VllmCap => Front::Held(Arc::new(Semaphore::new(config.vllm_cap())), engine.clone()),
-        System::Gate | System::GateLittlesLaw | System::GateSizedForObjective => {
+        System::Gate
+        | System::GateLittlesLaw
+        | System::GateSizedForObjective
+        | System::GateTtftObjective
+        | System::GateTokenBudget => {
             let gate = Gate::new(gate_config(system, config, calibration).expect("a gate system"));
             engine.report_to(&gate);
             Front::Gate(gate, engine.clone())
@@ -996,6 +1105,7 @@ async fn simulate(
                     } else if at < window_end {
                         ledger_now.records.push(Record {
                             arrival: at,
+                            prompt_tokens: arrival.prompt_tokens,
                             sends: 0,
                             rejected: false,
                             abandoned: false,
@@ -1064,6 +1174,22 @@ async fn simulate(
     // The arrivals and the clients still running go with the runtime.
     let ledger = lock(&ledger);
     let mut outcomes = Outcomes::of(&ledger.records, config.slo, end);
+    let class = |long: bool| {
+        let records: Vec<&Record> = ledger
+            .records
+            .iter()
+            .filter(|record| (record.prompt_tokens >= config.long_prompt_tokens) == long)
+            .collect();
+        let mut outcomes = Outcomes::of(records.iter().copied(), config.slo, end);
+        Class {
+            arrived: records.len(),
+            rejected: outcomes.rejected,
+            good: outcomes.good,
+            goodput: outcomes.good as f64 / config.window.as_secs_f64(),
+            ttft_p50: Percentile::of(&mut outcomes.ttfts, 0.50),
+            ttft_p99: Percentile::of(&mut outcomes.ttfts, 0.99),
+        }
+    };
     let goodput = outcomes.good as f64 / config.window.as_secs_f64();
     let stats = engine.stats();
     Point {
@@ -1086,6 +1212,8 @@ async fn simulate(
         engine_cancelled: stats.cancelled,
         engine_queue_peak: ledger.engine_queue_peak,
         simulated: end - start,
+        short: class(false),
+        long: class(true),
     }
 }
 
@@ -1253,15 +1381,15 @@ struct Outcomes {
 }
 
 impl Outcomes {
-    fn of(records: &[Record], slo: Slo, end: Instant) -> Outcomes {
+    fn of<'a>(records: impl IntoIterator<Item = &'a Record>, slo: Slo, end: Instant) -> Outcomes {
         let mut outcomes = Outcomes {
             sends: 0,
             rejected: 0,
             abandoned: 0,
             completed: 0,
             good: 0,
-            ttfts: Vec::with_capacity(records.len()),
-            tpots: Vec::with_capacity(records.len()),
+            ttfts: Vec::new(),
+            tpots: Vec::new(),
         };
         for record in records {
             outcomes.sends += record.sends;

@@ -110,6 +110,30 @@ impl Lengths {
         }
     }
 
+    /// A long-document mix: ShareGPT-like chat prompts, and one in ten a
+    /// long document of 8k–20k tokens (lognormal, mean 12,000 tokens,
+    /// sigma 0.3, clipped to 8192..=20480), as in summarisation or
+    /// retrieval over whole files. The mean is about 1,350 tokens; a
+    /// request of the long part costs the engine about 200 ms of prefill
+    /// alone.
+    pub fn long_document_mix() -> Lengths {
+        Lengths::Mix {
+            short: MixPart {
+                mean: 161.0,
+                sigma: 1.0,
+                min: 4,
+                max: 4096,
+            },
+            long: MixPart {
+                mean: 12_000.0,
+                sigma: 0.3,
+                min: 8192,
+                max: 20_480,
+            },
+            long_fraction: 0.1,
+        }
+    }
+
     /// Draws one length.
     ///
     /// # Panics
@@ -310,6 +334,25 @@ mod tests {
         }
         let other: Vec<_> = Workload::sharegpt(10.0).arrivals(43).take(100).collect();
         assert_ne!(slow, other);
+    }
+
+    #[test]
+    fn the_long_document_mix_has_one_prompt_of_8k_to_20k_tokens_in_ten() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let lengths: Vec<usize> = (0..50_000)
+            .map(|_| Lengths::long_document_mix().sample(&mut rng))
+            .collect();
+        let long: Vec<usize> = lengths.iter().copied().filter(|&n| n >= 8192).collect();
+        assert!(
+            (0.095..0.105).contains(&(long.len() as f64 / 50_000.0)),
+            "{}",
+            long.len()
+        );
+        assert!(long.iter().all(|&n| n <= 20_480));
+        // The short part never reaches the long one.
+        assert!(lengths.iter().all(|&n| n <= 4096 || n >= 8192));
+        let (mean, _) = mean(lengths.iter().map(|&n| n as f64));
+        assert!((1250.0..1450.0).contains(&mean), "{mean}");
     }
 
     #[test]
