@@ -92,7 +92,7 @@ pub use crate::config::{
 pub use crate::detect::FirstTokenDetector;
 pub use crate::gate::{
     Acquire, AdmitSource, Cost, Counts, Descriptor, Gate, Overloaded, Permit, RejectionReason,
-    RejectionScope, Snapshot, Tally,
+    RejectionScope, Snapshot, Tally, Tenant,
 };
 #[cfg(feature = "http")]
 pub use crate::http::{

@@ -10,6 +10,7 @@
 mod cli;
 mod env;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -94,6 +95,9 @@ pub struct AdmissionConfig {
     pub(crate) request_queue_wait_limit: Option<Duration>,
     pub(crate) ttft_objective: Option<Duration>,
     pub(crate) request_deadlines: bool,
+    pub(crate) aging_interval: Option<Duration>,
+    pub(crate) priority_bands: Vec<i32>,
+    pub(crate) tenant_weights: BTreeMap<String, u32>,
     pub(crate) clock: Clock,
     pub(crate) capacity: Option<EngineCapacity>,
     #[cfg(feature = "metrics")]
@@ -118,6 +122,9 @@ impl fmt::Debug for AdmissionConfig {
             .field("request_queue_wait_limit", &self.request_queue_wait_limit)
             .field("ttft_objective", &self.ttft_objective)
             .field("request_deadlines", &self.request_deadlines)
+            .field("aging_interval", &self.aging_interval)
+            .field("priority_bands", &self.priority_bands)
+            .field("tenant_weights", &self.tenant_weights)
             .field("capacity", &self.capacity);
         #[cfg(feature = "metrics")]
         d.field("metrics_prefix", &self.metrics_prefix);
@@ -263,11 +270,94 @@ impl AdmissionConfig {
     }
 
     /// Whether the gate keeps time: a queue wait limit, a time-to-first-token
-    /// objective, or the clients' deadlines are honoured.
+    /// objective, or the clients' deadlines are honoured, or queued
+    /// requests age.
     pub fn deadlines_enabled(&self) -> bool {
         self.request_queue_wait_limit.is_some()
             || self.ttft_objective.is_some()
             || self.request_deadlines
+            || self.aging_interval.is_some()
+    }
+
+    /// Sets the aging interval (SPEC §8): a queued request rises one
+    /// priority band for each interval it has waited, so a steady stream of
+    /// higher-priority work never starves it. Aging lifts a band as a whole,
+    /// by the wait of its oldest request; within a band, tenants keep their
+    /// fair shares. Off unless set.
+    ///
+    /// # Panics
+    ///
+    /// If `interval` is zero.
+    #[track_caller]
+    pub fn aging_interval(mut self, interval: Duration) -> Self {
+        assert!(
+            !interval.is_zero(),
+            "invalid aging_interval: 0 (the interval must be positive)"
+        );
+        self.aging_interval = Some(interval);
+        self
+    }
+
+    /// Sets which priorities are bands (SPEC §8). A request belongs to the
+    /// highest band at or below its priority (the lowest band if its
+    /// priority is below them all), bands are served strictly in order, and
+    /// metrics carry a `priority` label of the band. Unset, every priority
+    /// is a band of its own and metrics carry no `priority` label.
+    ///
+    /// ```
+    /// use tower_admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::new().priority_bands([10, -1, 0]);
+    /// assert_eq!(config.explicit_priority_bands(), &[-1, 0, 10]);
+    /// ```
+    pub fn priority_bands(mut self, bands: impl IntoIterator<Item = i32>) -> Self {
+        let mut bands: Vec<i32> = bands.into_iter().collect();
+        bands.sort_unstable();
+        bands.dedup();
+        self.priority_bands = bands;
+        self
+    }
+
+    /// Sets the weight of `tenant` in weighted fair sharing within a band
+    /// (SPEC §8): a tenant of weight 3 is served three times the tokens (or
+    /// requests, when costs are unknown) of a tenant of weight 1 while both
+    /// wait. Tenants not named weigh 1.
+    ///
+    /// # Panics
+    ///
+    /// If `weight` is 0.
+    #[track_caller]
+    pub fn tenant_weight(mut self, tenant: impl Into<String>, weight: u32) -> Self {
+        let tenant = tenant.into();
+        assert!(
+            weight > 0,
+            "invalid tenant_weight: {tenant}=0 (the weight must be a positive integer)"
+        );
+        self.tenant_weights.insert(tenant, weight);
+        self
+    }
+
+    /// The aging interval, if one was set.
+    pub fn explicit_aging_interval(&self) -> Option<Duration> {
+        self.aging_interval
+    }
+
+    /// The configured priority bands, ascending (empty: every priority is a
+    /// band).
+    pub fn explicit_priority_bands(&self) -> &[i32] {
+        &self.priority_bands
+    }
+
+    /// The weight of the tenant named `tenant` (1 unless set).
+    pub fn weight_of(&self, tenant: &str) -> u32 {
+        self.tenant_weights.get(tenant).copied().unwrap_or(1)
+    }
+
+    /// Every tenant weight set, by tenant name.
+    pub fn tenant_weights(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
+        self.tenant_weights
+            .iter()
+            .map(|(tenant, weight)| (tenant.as_str(), *weight))
     }
 
     /// The request queue wait limit, if one was set.

@@ -18,7 +18,7 @@ pub use self::driver::{Acquire, Gate};
 pub use self::permit::Permit;
 pub use self::types::{
     AdmitSource, Cost, Counts, Descriptor, Overloaded, RejectionReason, RejectionScope, Snapshot,
-    Tally,
+    Tally, Tenant,
 };
 
 #[cfg(all(test, loom))]

@@ -60,14 +60,19 @@ pub enum RejectionReason {
     /// Its queue wait budget ran out while it waited, or it was predicted to
     /// run out before the request could be admitted.
     Deadline,
+    /// It waited in a full queue and gave its place to an arrival of higher
+    /// priority (SPEC §8): the newest request of the lowest band goes first.
+    Displaced,
 }
 
 impl RejectionReason {
-    /// The `reason` label and header value: `"queue_full"` or `"deadline"`.
+    /// The `reason` label and header value: `"queue_full"`, `"deadline"`
+    /// or `"displaced"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RejectionReason::QueueFull => "queue_full",
             RejectionReason::Deadline => "deadline",
+            RejectionReason::Displaced => "displaced",
         }
     }
 }
@@ -106,6 +111,9 @@ impl fmt::Display for Overloaded {
         let what = match self.reason {
             RejectionReason::QueueFull => "has no room to admit or queue the request",
             RejectionReason::Deadline => "could not admit the request within its queue wait budget",
+            RejectionReason::Displaced => {
+                "gave the request's queue place to a request of higher priority"
+            }
         };
         match self.scope {
             RejectionScope::Rank(rank) => {
@@ -243,16 +251,39 @@ pub struct Descriptor {
     /// the gate's own queue wait limit and time-to-first-token objective it
     /// makes the request's queue wait budget, the smallest of the three.
     pub deadline: Option<Duration>,
+    /// Its priority (SPEC §8): higher is served first; 0 by default;
+    /// negative marks sheddable work, the first to be displaced from a full
+    /// queue. Requests of one priority form one band, or, with
+    /// [`AdmissionConfig::priority_bands`](crate::AdmissionConfig::priority_bands),
+    /// of the configured band at or below it.
+    pub priority: i32,
+    /// The fairness key it is served under (SPEC §8): within a band, tenants
+    /// share the engine by weight; `None` is one more tenant.
+    pub tenant: Option<Tenant>,
 }
 
 impl Descriptor {
-    /// A plain request: unranked, of unknown cost.
+    /// A plain request: unranked, of unknown cost, priority 0, no tenant.
     pub const fn new() -> Self {
         Descriptor {
             rank: None,
             cost: Cost::new(0, None),
             deadline: None,
+            priority: 0,
+            tenant: None,
         }
+    }
+
+    /// The same request, at `priority`.
+    pub const fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The same request, served as `tenant`.
+    pub const fn with_tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = Some(tenant);
+        self
     }
 
     /// The same request, asking for `rank`.
@@ -271,6 +302,52 @@ impl Descriptor {
     pub const fn with_deadline(mut self, after: Duration) -> Self {
         self.deadline = Some(after);
         self
+    }
+}
+
+/// A tenant: the key weighted fair sharing is done by (SPEC §8). It is a
+/// 64-bit digest of the tenant's name (FNV-1a), so a descriptor stays
+/// `Copy` and the gate stores no strings; equal names are equal tenants.
+///
+/// ```
+/// use tower_admission::Tenant;
+///
+/// assert_eq!(Tenant::new("acme"), Tenant::from("acme"));
+/// assert_ne!(Tenant::new("acme"), Tenant::new("globex"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(u64);
+
+impl Tenant {
+    /// The tenant named `name`.
+    pub const fn new(name: &str) -> Tenant {
+        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
+        let bytes = name.as_bytes();
+        let mut hash = OFFSET;
+        let mut i = 0;
+        while i < bytes.len() {
+            hash ^= bytes[i] as u64;
+            hash = hash.wrapping_mul(PRIME);
+            i += 1;
+        }
+        Tenant(hash)
+    }
+
+    /// A tenant known by a number of your own rather than by name.
+    pub const fn from_id(id: u64) -> Tenant {
+        Tenant(id)
+    }
+
+    /// The tenant's number.
+    pub const fn id(&self) -> u64 {
+        self.0
+    }
+}
+
+impl From<&str> for Tenant {
+    fn from(name: &str) -> Tenant {
+        Tenant::new(name)
     }
 }
 
@@ -295,6 +372,11 @@ pub struct Tally {
     pub expired_rank: u64,
     /// Of the worker-scoped rejections, those for a deadline.
     pub expired_worker: u64,
+    /// Of the rank-scoped rejections, queued requests displaced by an
+    /// arrival of higher priority ([`RejectionReason::Displaced`]).
+    pub displaced_rank: u64,
+    /// Of the worker-scoped rejections, displaced requests.
+    pub displaced_worker: u64,
     /// Requests cancelled while queued (including a cancellation that won a
     /// race against an admission offer).
     pub cancelled: u64,
@@ -316,6 +398,12 @@ impl Tally {
         self.expired_rank + self.expired_worker
     }
 
+    /// Queued requests displaced by arrivals of higher priority, of both
+    /// scopes.
+    pub fn displaced(&self) -> u64 {
+        self.displaced_rank + self.displaced_worker
+    }
+
     /// Requests that have reached their end state.
     pub fn settled(&self) -> u64 {
         self.admitted() + self.rejected() + self.cancelled
@@ -332,6 +420,10 @@ impl Tally {
             rejected_worker: self.rejected_worker.saturating_sub(earlier.rejected_worker),
             expired_rank: self.expired_rank.saturating_sub(earlier.expired_rank),
             expired_worker: self.expired_worker.saturating_sub(earlier.expired_worker),
+            displaced_rank: self.displaced_rank.saturating_sub(earlier.displaced_rank),
+            displaced_worker: self
+                .displaced_worker
+                .saturating_sub(earlier.displaced_worker),
             cancelled: self.cancelled.saturating_sub(earlier.cancelled),
         }
     }
@@ -344,6 +436,8 @@ impl Tally {
         self.rejected_worker += other.rejected_worker;
         self.expired_rank += other.expired_rank;
         self.expired_worker += other.expired_worker;
+        self.displaced_rank += other.displaced_rank;
+        self.displaced_worker += other.displaced_worker;
         self.cancelled += other.cancelled;
     }
 }
