@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::observe::{Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
-use super::state::{Arrival, Demand, Expiry, Grant, Polled, State, Ticket};
+use super::state::{Arrival, Class, Demand, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
 use crate::DefaultObserver;
 use crate::config::{AdmissionConfig, Clock, EngineCapacity, Limits};
@@ -179,10 +179,15 @@ impl Gate {
             offered_at: now,
         };
         self.advance(&mut state, time);
-        let arrival = state.arrive(
+        let class = Class {
+            priority: descriptor.priority,
+            tenant: descriptor.tenant,
+        };
+        let arrival = state.arrive_as(
             rank,
             Demand::of(descriptor.cost),
             descriptor.deadline,
+            class,
             waiter,
         );
         let concerned = Concerned::tally_of(state.recognised(rank));
@@ -443,7 +448,7 @@ impl Acquire {
                 gate.end_event(state, Concerned::tally_of(rank));
                 self.step = Step::Decided(Some(Err(overloaded)));
             }
-            Expiry::Admitted | Expiry::Stale => {}
+            Expiry::Decided | Expiry::Stale => {}
         }
     }
 }
@@ -495,6 +500,12 @@ impl Future for Acquire {
                             }
                         });
                         (grant, waiter.offered_at, observation)
+                    }
+                    Polled::Rejected(overloaded, _) => {
+                        // Counted and observed when it was displaced.
+                        drop(state);
+                        this.step = Step::Done;
+                        return Poll::Ready(Err(overloaded));
                     }
                     Polled::Stale => unreachable!("an Acquire holds its ticket until it is spent"),
                 }

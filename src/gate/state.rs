@@ -38,13 +38,19 @@
 //! class or deadline replaces `Fifo` behind the same `push`/`head`/`unlink`
 //! calls.
 
-use slab::Slab;
-
-use super::observe::BucketView;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::types::{AdmitSource, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tally};
+use slab::Slab;
+
+use self::queue::{Ladder, Node, Nodes, Queue};
+use super::observe::BucketView;
+use super::types::{
+    AdmitSource, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tally, Tenant,
+};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
+
+mod queue;
 
 /// Identifies a queued request while it waits: its slot in the entry slab
 /// and its arrival number. The arrival number is the slot's generation: a
@@ -169,8 +175,9 @@ pub(crate) enum Expiry {
     /// It left the queue, rejected for its deadline; counted under this
     /// rank (`None`: unranked).
     Rejected(Overloaded, Option<u32>),
-    /// It had been offered an admission already: the admission stands.
-    Admitted,
+    /// It had been offered an admission, or displaced, already: that
+    /// decision stands.
+    Decided,
     /// The ticket is stale.
     Stale,
 }
@@ -181,6 +188,9 @@ pub(crate) enum Polled<'a, T> {
     /// Admitted from the queue; the ticket is spent and its payload given
     /// back.
     Admitted(Grant, T),
+    /// Displaced from its queue (counted as rejected already); the ticket is
+    /// spent and its payload given back.
+    Rejected(Overloaded, T),
     /// Still queued (or offered, when the offer has not been drained yet).
     Waiting(&'a mut T),
     /// The ticket is stale: its request already left the queue.
@@ -190,18 +200,17 @@ pub(crate) enum Polled<'a, T> {
 /// A position in the entry slab; queues link entries by slot.
 type Slot = usize;
 
-/// A FIFO queue threaded through the entry slab: O(1) push, pop and unlink
-/// of any entry.
-#[derive(Debug, Default, Clone, Copy)]
-struct Fifo {
-    head: Option<Slot>,
-    tail: Option<Slot>,
+/// A request's class of service (SPEC §8): its priority and tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Class {
+    pub(crate) priority: i32,
+    pub(crate) tenant: Option<Tenant>,
 }
 
 #[derive(Debug, Default)]
 struct Bucket {
     counts: Counts,
-    queue: Fifo,
+    queue: Queue,
     tally: Tally,
     generation: u32,
     /// The last queue admission, or when the queue last became non-empty:
@@ -214,23 +223,35 @@ struct Bucket {
 
 #[derive(Debug)]
 enum Status {
-    Queued {
-        prev: Option<Slot>,
-        next: Option<Slot>,
-    },
+    /// Waiting in its bucket's queue.
+    Queued,
+    /// Admitted from the queue; the waiter has not taken the grant yet.
     Offered(Grant),
+    /// Displaced from a full queue; the waiter has not heard yet.
+    Displaced(Overloaded),
 }
 
 #[derive(Debug)]
 struct Entry<T> {
-    /// Arrival order across all queues; lower is older.
-    seq: u64,
+    /// Its place in the queue; `node.seq` orders arrivals across all
+    /// queues (lower is older) and is the ticket's generation.
+    node: Node,
     bucket: BucketKey,
     demand: Demand,
     /// Whether its queue wait budget is the client's own deadline.
     client_deadline: bool,
     status: Status,
     payload: T,
+}
+
+impl<T> Nodes for Slab<Entry<T>> {
+    fn node(&self, slot: Slot) -> &Node {
+        &self[slot].node
+    }
+
+    fn node_mut(&mut self, slot: Slot) -> &mut Node {
+        &mut self[slot].node
+    }
 }
 
 /// The admission state of one worker. `T` is what the driver keeps with each
@@ -260,11 +281,20 @@ pub(crate) struct State<T> {
     /// Mean engine waiting time (admission to first token or completion),
     /// seconds, a moving average.
     mean_wait: Option<f64>,
+    /// Priority bands and aging.
+    ladder: Ladder,
+    /// Tenant weights other than 1.
+    weights: HashMap<Tenant, u32>,
 }
 
 impl<T> State<T> {
     pub(crate) fn new(config: AdmissionConfig) -> Self {
         let capacity = config.capacity;
+        let ladder = Ladder::new(config.priority_bands.clone(), config.aging_interval);
+        let weights = config
+            .tenant_weights()
+            .map(|(tenant, weight)| (Tenant::new(tenant), weight))
+            .collect();
         let mut state = State {
             limits: config.limits_for(capacity),
             config,
@@ -280,6 +310,8 @@ impl<T> State<T> {
             timed: false,
             now: None,
             mean_wait: None,
+            ladder,
+            weights,
         };
         state.timed = state.config.deadlines_enabled();
         if let Some(capacity) = capacity {
@@ -298,6 +330,7 @@ impl<T> State<T> {
     /// A request arrives, asking for `rank` (`None`, or a rank this worker
     /// does not recognise, makes it unranked), needing `demand`, with the
     /// client's own `deadline` (from arrival), if any.
+    #[cfg(test)]
     pub(crate) fn arrive(
         &mut self,
         rank: Option<u32>,
@@ -305,17 +338,50 @@ impl<T> State<T> {
         deadline: Option<Duration>,
         payload: T,
     ) -> Arrival {
+        self.arrive_as(rank, demand, deadline, Class::default(), payload)
+    }
+
+    /// [`arrive`](Self::arrive) for a request of a class of service: it is
+    /// admitted at once only if the limits have room and nothing queued
+    /// goes before it in service order; into a full queue it may displace
+    /// the newest requests of lower bands.
+    pub(crate) fn arrive_as(
+        &mut self,
+        rank: Option<u32>,
+        demand: Demand,
+        deadline: Option<Duration>,
+        class: Class,
+        payload: T,
+    ) -> Arrival {
         let bucket = self.recognise(rank);
         self.bucket_mut(bucket).tally.received += 1;
-        let queue_empty = self.bucket(bucket).queue.head.is_none();
-        if queue_empty && self.engine_fits(bucket, demand) {
+        let rung = self.ladder.rung(class.priority);
+        let now = self.now;
+        let queue = match bucket {
+            BucketKey::Unranked => &mut self.unranked.queue,
+            BucketKey::Rank(rank) => &mut self.ranks[rank as usize].queue,
+        };
+        let leads = queue.is_empty()
+            || queue.would_lead(&self.entries, &self.ladder, now, rung, class.tenant);
+        if leads && self.engine_fits(bucket, demand) {
             let grant = self.charge(bucket, demand, AdmitSource::Direct);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
             return Arrival::Admitted(grant);
         }
-        if !self.queue_fits(bucket, demand) {
-            return Arrival::Rejected(self.reject(bucket, RejectionReason::QueueFull, false));
-        }
+        let victims = if self.queue_fits(bucket, demand) {
+            Vec::new()
+        } else {
+            match self.victims(bucket, demand, rung) {
+                Some(victims) => victims,
+                None => {
+                    return Arrival::Rejected(self.reject(
+                        bucket,
+                        RejectionReason::QueueFull,
+                        false,
+                    ));
+                }
+            }
+        };
         let budget = self.budget(deadline);
         if let Some((budget, client)) = budget {
             if self
@@ -325,26 +391,74 @@ impl<T> State<T> {
                 return Arrival::Rejected(self.reject(bucket, RejectionReason::Deadline, client));
             }
         }
+        let displaced = !victims.is_empty();
+        for victim in victims {
+            self.displace(victim);
+        }
         let expires_at = budget.and_then(|(budget, _)| self.now?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
-        let ticket = self.enqueue(bucket, demand, client, payload);
+        let ticket = self.enqueue(bucket, demand, client, class, rung, payload);
+        if displaced || self.ladder_ages() {
+            // A displaced head uncovers the next, and aging reorders heads.
+            self.dequeue();
+        }
         Arrival::Queued(ticket, expires_at)
+    }
+
+    /// The queued requests of `bucket` an arrival at `rung` needing `demand`
+    /// would displace to fit its queue: the newest of the lowest band
+    /// first, as few as fit it. `None` if displacing every lower request
+    /// would not make room (then none is displaced).
+    fn victims(&self, bucket: BucketKey, demand: Demand, rung: i64) -> Option<Vec<Slot>> {
+        let queue = &self.bucket(bucket).queue;
+        let mut freed = Counts::default();
+        let mut victims = Vec::new();
+        for slot in queue.displaceable(&self.entries, rung) {
+            victims.push(slot);
+            freed.queued += 1;
+            freed.queued_tokens += self.entries[slot].demand.prompt_tokens;
+            if self.queue_fits_after(bucket, demand, &freed) {
+                return Some(victims);
+            }
+        }
+        None
+    }
+
+    /// Takes the queued request at `slot` out of its queue and rejects it
+    /// as displaced; its waiter hears of it when the driver drains.
+    fn displace(&mut self, slot: Slot) {
+        let key = self.entries[slot].bucket;
+        let demand = self.entries[slot].demand;
+        let (queue, entries) = self.queue_and_entries(key);
+        queue.remove(entries, slot, false);
+        self.unqueue(key, demand);
+        let overloaded = self.reject(key, RejectionReason::Displaced, false);
+        self.entries[slot].status = Status::Displaced(overloaded);
+        self.offered.push(slot);
+    }
+
+    /// Whether waiting requests' bands rise with time.
+    fn ladder_ages(&self) -> bool {
+        self.ladder.ages()
     }
 
     /// Counts a rejection of a request of `bucket` and says whom it
     /// concerns.
     fn reject(&mut self, bucket: BucketKey, reason: RejectionReason, client: bool) -> Overloaded {
         let scope = self.rejection_scope(bucket);
-        let expired = reason == RejectionReason::Deadline;
+        let expired = u64::from(reason == RejectionReason::Deadline);
+        let displaced = u64::from(reason == RejectionReason::Displaced);
         let tally = &mut self.bucket_mut(bucket).tally;
         match scope {
             RejectionScope::Rank(_) => {
                 tally.rejected_rank += 1;
-                tally.expired_rank += u64::from(expired);
+                tally.expired_rank += expired;
+                tally.displaced_rank += displaced;
             }
             RejectionScope::Worker => {
                 tally.rejected_worker += 1;
-                tally.expired_worker += u64::from(expired);
+                tally.expired_worker += expired;
+                tally.displaced_worker += displaced;
             }
         }
         Overloaded {
@@ -397,22 +511,19 @@ impl<T> State<T> {
         let Some(entry) = self.live(ticket) else {
             return Expiry::Stale;
         };
-        let Status::Queued { prev, next } = entry.status else {
-            return Expiry::Admitted;
-        };
-        let entry = self.entries.remove(ticket.slot);
-        self.unlink(entry.bucket, prev, next);
-        self.unqueue(entry.bucket, entry.demand);
-        self.shrink_if_idle();
-        let overloaded = self.reject(
-            entry.bucket,
-            RejectionReason::Deadline,
-            entry.client_deadline,
-        );
-        if prev.is_none() {
-            self.dequeue();
+        if !matches!(entry.status, Status::Queued) {
+            return Expiry::Decided;
         }
-        Expiry::Rejected(overloaded, self.label(entry.bucket))
+        let (bucket, demand, client) = (entry.bucket, entry.demand, entry.client_deadline);
+        let (queue, entries) = self.queue_and_entries(bucket);
+        queue.remove(entries, ticket.slot, false);
+        self.entries.remove(ticket.slot);
+        self.unqueue(bucket, demand);
+        self.shrink_if_idle();
+        let overloaded = self.reject(bucket, RejectionReason::Deadline, client);
+        // A head that leaves uncovers the next, which may fit.
+        self.dequeue();
+        Expiry::Rejected(overloaded, self.label(bucket))
     }
 
     /// The waiter of `ticket` looks at its request. An offered admission is
@@ -422,16 +533,19 @@ impl<T> State<T> {
         let Some(entry) = self.live(ticket) else {
             return Polled::Stale;
         };
-        if !matches!(entry.status, Status::Offered(_)) {
+        if matches!(entry.status, Status::Queued) {
             return Polled::Waiting(&mut self.entries[ticket.slot].payload);
         }
         let entry = self.entries.remove(ticket.slot);
         self.shrink_if_idle();
-        let Status::Offered(grant) = entry.status else {
-            unreachable!("checked above")
-        };
-        self.bucket_of_held_mut(grant.held).tally.admitted_queue += 1;
-        Polled::Admitted(grant, entry.payload)
+        match entry.status {
+            Status::Offered(grant) => {
+                self.bucket_of_held_mut(grant.held).tally.admitted_queue += 1;
+                Polled::Admitted(grant, entry.payload)
+            }
+            Status::Displaced(overloaded) => Polled::Rejected(overloaded, entry.payload),
+            Status::Queued => unreachable!("checked above"),
+        }
     }
 
     /// The request of `ticket` is cancelled. Still queued, it leaves its
@@ -445,22 +559,27 @@ impl<T> State<T> {
             return Err(());
         }
         let rank = self.ticket_rank(ticket);
+        if matches!(self.entries[ticket.slot].status, Status::Queued) {
+            let bucket = self.entries[ticket.slot].bucket;
+            let (queue, entries) = self.queue_and_entries(bucket);
+            queue.remove(entries, ticket.slot, false);
+        }
         let entry = self.entries.remove(ticket.slot);
         match entry.status {
-            Status::Queued { prev, next } => {
-                self.unlink(entry.bucket, prev, next);
+            Status::Queued => {
                 self.unqueue(entry.bucket, entry.demand);
                 self.bucket_mut(entry.bucket).tally.cancelled += 1;
                 // A queue head that leaves uncovers the next, which may be
                 // smaller and fit where the head did not.
-                if prev.is_none() {
-                    self.dequeue();
-                }
+                self.dequeue();
             }
             Status::Offered(mut grant) => {
                 self.bucket_of_held_mut(grant.held).tally.cancelled += 1;
                 self.release(&mut grant, true);
             }
+            // Already counted as rejected; the waiter gave up before
+            // hearing it.
+            Status::Displaced(_) => {}
         }
         self.shrink_if_idle();
         Ok(rank)
@@ -650,7 +769,7 @@ impl<T> State<T> {
     fn live(&self, ticket: Ticket) -> Option<&Entry<T>> {
         self.entries
             .get(ticket.slot)
-            .filter(|entry| entry.seq == ticket.seq)
+            .filter(|entry| entry.node.seq == ticket.seq)
     }
 
     fn label(&self, key: BucketKey) -> Option<u32> {
@@ -665,7 +784,7 @@ impl<T> State<T> {
     fn held_bucket_of(&self, slot: Slot) -> BucketKey {
         let entry = &self.entries[slot];
         match &entry.status {
-            Status::Queued { .. } => entry.bucket,
+            Status::Queued | Status::Displaced(_) => entry.bucket,
             Status::Offered(grant) => self.current_bucket(grant.held),
         }
     }
@@ -759,11 +878,20 @@ impl<T> State<T> {
     /// Whether `demand` fits the queue limits of `key`'s rank (if ranked)
     /// and the combined ones.
     fn queue_fits(&self, key: BucketKey, demand: Demand) -> bool {
+        self.queue_fits_after(key, demand, &Counts::default())
+    }
+
+    /// Whether `demand` would fit the queue limits of `key`'s rank (if
+    /// ranked) and the combined ones once the `freed` queued requests of
+    /// `key` left.
+    fn queue_fits_after(&self, key: BucketKey, demand: Demand, freed: &Counts) -> bool {
         let limits = self.limits;
         let fits = |counts: &Counts, ranks: usize| {
-            counts.queued < limits.request_queue_limit.saturating_mul(ranks)
+            let queued = counts.queued - freed.queued;
+            let queued_tokens = counts.queued_tokens - freed.queued_tokens;
+            queued < limits.request_queue_limit.saturating_mul(ranks)
                 && tokens_fit(
-                    counts.queued_tokens,
+                    queued_tokens,
                     demand.prompt_tokens,
                     limits
                         .request_queue_token_limit
@@ -781,7 +909,7 @@ impl<T> State<T> {
     /// queued right now?
     fn accepts(&self, key: BucketKey) -> bool {
         let plain = Demand::default();
-        (self.bucket(key).queue.head.is_none() && self.engine_fits(key, plain))
+        (self.bucket(key).queue.is_empty() && self.engine_fits(key, plain))
             || self.queue_fits(key, plain)
     }
 
@@ -872,28 +1000,34 @@ impl<T> State<T> {
         key: BucketKey,
         demand: Demand,
         client_deadline: bool,
+        class: Class,
+        rung: i64,
         payload: T,
     ) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let prev = self.bucket(key).queue.tail;
-        if prev.is_none() && self.timed {
+        if self.bucket(key).queue.is_empty() && self.timed {
             // The queue starts to drain now, not at its last admission.
             self.bucket_mut(key).drain_mark = self.now;
         }
+        let weight = class
+            .tenant
+            .and_then(|tenant| self.weights.get(&tenant).copied())
+            .unwrap_or(1);
+        // Fair shares are by tokens when the cost is known, else by requests.
+        let service = demand.engine_tokens.max(1) as u64;
+        let queued_at = if self.timed { self.now } else { None };
+        let node = Node::new(seq, rung, class.tenant, service, weight, queued_at);
         let slot = self.entries.insert(Entry {
-            seq,
+            node,
             bucket: key,
             demand,
             client_deadline,
-            status: Status::Queued { prev, next: None },
+            status: Status::Queued,
             payload,
         });
-        match prev {
-            Some(prev) => self.set_next(prev, Some(slot)),
-            None => self.bucket_mut(key).queue.head = Some(slot),
-        }
-        self.bucket_mut(key).queue.tail = Some(slot);
+        let (queue, entries) = self.queue_and_entries(key);
+        queue.push(entries, slot);
         for counts in self.total_and(key) {
             counts.queued += 1;
             counts.queued_tokens += demand.prompt_tokens;
@@ -901,34 +1035,19 @@ impl<T> State<T> {
         Ticket { slot, seq }
     }
 
-    fn set_next(&mut self, slot: Slot, to: Option<Slot>) {
-        if let Status::Queued { next, .. } = &mut self.entries[slot].status {
-            *next = to;
-        }
+    /// A bucket's queue and the entries it links, to change both.
+    fn queue_and_entries(&mut self, key: BucketKey) -> (&mut Queue, &mut Slab<Entry<T>>) {
+        let bucket = match key {
+            BucketKey::Unranked => &mut self.unranked,
+            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
+        };
+        (&mut bucket.queue, &mut self.entries)
     }
 
-    fn set_prev(&mut self, slot: Slot, to: Option<Slot>) {
-        if let Status::Queued { prev, .. } = &mut self.entries[slot].status {
-            *prev = to;
-        }
-    }
-
-    /// Unlinks an entry (already taken out of the slab or about to change
-    /// status) from its bucket's queue, given its neighbours.
-    fn unlink(&mut self, key: BucketKey, prev: Option<Slot>, next: Option<Slot>) {
-        match prev {
-            Some(prev) => self.set_next(prev, next),
-            None => self.bucket_mut(key).queue.head = next,
-        }
-        match next {
-            Some(next) => self.set_prev(next, prev),
-            None => self.bucket_mut(key).queue.tail = prev,
-        }
-    }
-
-    /// Admits the oldest queue head that fits, while one does. Only heads
-    /// are admitted: a small request never overtakes a large one queued
-    /// before it in the same queue, so long prompts are never starved.
+    /// Admits the first queue head in service order that fits, while one
+    /// does (by default the oldest). Only heads are admitted: a small
+    /// request never overtakes a large one queued before it in the same
+    /// queue, so long prompts are never starved.
     #[inline]
     fn dequeue(&mut self) {
         if self.total.queued > 0 {
@@ -937,30 +1056,34 @@ impl<T> State<T> {
     }
 
     fn dequeue_slow(&mut self) {
+        let now = self.now;
         while self.total.queued > 0 {
-            let mut oldest: Option<(u64, Slot)> = None;
-            let heads = std::iter::once(BucketKey::Unranked)
+            let mut first: Option<queue::Head> = None;
+            let keys = std::iter::once(BucketKey::Unranked)
                 .chain((0..self.recognised_ranks() as u32).map(BucketKey::Rank));
-            for key in heads {
-                let Some(head) = self.bucket(key).queue.head else {
+            for key in keys {
+                let bucket = match key {
+                    BucketKey::Unranked => &mut self.unranked,
+                    BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
+                };
+                let Some(head) = bucket.queue.head(&self.entries, &self.ladder, now) else {
                     continue;
                 };
-                let Entry { seq, demand, .. } = self.entries[head];
-                if oldest.is_none_or(|(oldest, _)| seq < oldest) && self.engine_fits(key, demand) {
-                    oldest = Some((seq, head));
+                if first.is_none_or(|first| head.before(&first))
+                    && self.engine_fits(key, self.entries[head.slot].demand)
+                {
+                    first = Some(head);
                 }
             }
-            let Some((_, slot)) = oldest else { break };
-            self.offer(slot);
+            let Some(first) = first else { break };
+            self.offer(first.slot);
         }
     }
 
     fn offer(&mut self, slot: Slot) {
         let key = self.entries[slot].bucket;
-        let Status::Queued { prev, next } = self.entries[slot].status else {
-            unreachable!("only queued entries are offered")
-        };
-        self.unlink(key, prev, next);
+        let (queue, entries) = self.queue_and_entries(key);
+        queue.remove(entries, slot, true);
         let demand = self.entries[slot].demand;
         self.unqueue(key, demand);
         if let Some(now) = self.now.filter(|_| self.timed) {
@@ -981,44 +1104,22 @@ impl<T> State<T> {
     fn retire_rank(&mut self, rank: u32) {
         let bucket = &mut self.ranks[rank as usize];
         let counts = std::mem::take(&mut bucket.counts);
-        let queue = std::mem::take(&mut bucket.queue);
+        let mut queue = std::mem::take(&mut bucket.queue);
         bucket.generation = bucket.generation.wrapping_add(1);
         self.unranked.counts.add(&counts);
 
-        // Collect both queues in order, then relink them merged.
-        let mut moved = self.collect(queue);
-        for &slot in &moved {
-            self.entries[slot].bucket = BucketKey::Unranked;
-        }
+        let mut moved = queue.take_all(&self.entries);
         if moved.is_empty() {
             return;
         }
-        let mut merged = self.collect(self.unranked.queue);
-        merged.append(&mut moved);
-        merged.sort_by_key(|&slot| self.entries[slot].seq);
-        self.unranked.queue = Fifo::default();
-        for (i, &slot) in merged.iter().enumerate() {
-            let prev = i.checked_sub(1).map(|i| merged[i]);
-            let next = merged.get(i + 1).copied();
-            self.entries[slot].status = Status::Queued { prev, next };
+        // Requeue both queues together in arrival order; fair shares start
+        // afresh.
+        moved.append(&mut self.unranked.queue.take_all(&self.entries));
+        moved.sort_by_key(|&slot| self.entries[slot].node.seq);
+        for slot in moved {
+            self.entries[slot].bucket = BucketKey::Unranked;
+            self.unranked.queue.push(&mut self.entries, slot);
         }
-        self.unranked.queue = Fifo {
-            head: merged.first().copied(),
-            tail: merged.last().copied(),
-        };
-    }
-
-    fn collect(&self, queue: Fifo) -> Vec<Slot> {
-        let mut slots = Vec::new();
-        let mut cursor = queue.head;
-        while let Some(slot) = cursor {
-            slots.push(slot);
-            cursor = match self.entries[slot].status {
-                Status::Queued { next, .. } => next,
-                Status::Offered(_) => None,
-            };
-        }
-        slots
     }
 
     /// Gives back the slab's memory once nothing waits, so a burst of queued
