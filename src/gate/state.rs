@@ -1133,4 +1133,6 @@ impl<T> State<T> {
 }
 
 #[cfg(test)]
+mod qos_tests;
+#[cfg(test)]
 mod tests;

@@ -351,7 +351,10 @@ impl Queue {
     }
 
     /// Whether a request arriving now at `rung` for `tenant` would be first
-    /// in service order: nothing queued goes before it.
+    /// in service order: nothing queued goes before it. It joins its band
+    /// (and rises with it); between bands the higher risen rung goes first,
+    /// the band with the older request on a tie; inside its band it goes
+    /// first if its start tag is below every waiting flow's.
     pub(crate) fn would_lead(
         &mut self,
         nodes: &impl Nodes,
@@ -363,12 +366,10 @@ impl Queue {
         let Some((risen, (leading, _))) = self.leading_band(nodes, ladder, now) else {
             return true;
         };
-        if rung != risen {
-            return rung > risen;
-        }
         if leading != rung {
-            // An older band risen to the arrival's rung: the older goes first.
-            return false;
+            // Its own band, if it has one, lost to the leading band already:
+            // only a higher rung than the leader's can go first.
+            return !self.bands.contains_key(&rung) && rung > risen;
         }
         let band = self.bands.get_mut(&rung).expect("the leading band exists");
         let (start, backlogged) = band.start_for(tenant);
@@ -376,10 +377,7 @@ impl Queue {
             return false;
         }
         match band.first(nodes) {
-            Some(first) => {
-                let first_start = band.flows[&nodes.node(first).tenant].head_start;
-                start < first_start
-            }
+            Some(first) => start < band.flows[&nodes.node(first).tenant].head_start,
             None => true,
         }
     }

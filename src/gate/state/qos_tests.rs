@@ -1,0 +1,642 @@
+//! The queue discipline of SPEC §8: examples of each rule, then random event
+//! sequences against a reference model that finds the next request to serve
+//! by scanning every queued request.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const A: Tenant = Tenant::new("a");
+const B: Tenant = Tenant::new("b");
+
+fn class(priority: i32, tenant: Option<Tenant>) -> Class {
+    Class { priority, tenant }
+}
+
+/// A state with one engine slot, taken by a request that holds it until
+/// `finish`ed; `queue` places behind it.
+fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str>, Grant) {
+    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(queue));
+    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running") else {
+        panic!("the first request is admitted")
+    };
+    (state, holder)
+}
+
+fn queue(state: &mut State<&'static str>, name: &'static str, class: Class) -> Ticket {
+    match state.arrive_as(None, Demand::default(), None, class, name) {
+        Arrival::Queued(ticket, _) => ticket,
+        other => panic!("{name}: expected queued, got {other:?}"),
+    }
+}
+
+#[test]
+fn higher_bands_are_served_first_and_fifo_within_a_band() {
+    let (mut state, running) = busy(AdmissionConfig::new(), 10);
+    let mut tickets = Vec::new();
+    for name in ["L1", "L2", "L3"] {
+        tickets.push(queue(&mut state, name, class(0, None)));
+    }
+    for name in ["H1", "H2"] {
+        tickets.push(queue(&mut state, name, class(5, None)));
+    }
+    assert_eq!(
+        serve_all(&mut state, running, tickets),
+        ["H1", "H2", "L1", "L2", "L3"]
+    );
+}
+
+#[test]
+fn tenants_share_a_band_in_turn_ties_by_arrival() {
+    let (mut state, running) = busy(AdmissionConfig::new(), 10);
+    let mut tickets = Vec::new();
+    for name in ["X1", "X2", "X3", "X4"] {
+        tickets.push(queue(&mut state, name, class(0, Some(A))));
+    }
+    for name in ["Y1", "Y2"] {
+        tickets.push(queue(&mut state, name, class(0, Some(B))));
+    }
+    assert_eq!(
+        serve_all(&mut state, running, tickets),
+        ["X1", "Y1", "X2", "Y2", "X3", "X4"]
+    );
+}
+
+#[test]
+fn weights_share_a_band_in_proportion() {
+    let config = AdmissionConfig::new().tenant_weight("a", 3);
+    let (mut state, running) = busy(config, 100);
+    let mut tickets = Vec::new();
+    for _ in 0..40 {
+        tickets.push(queue(&mut state, "a", class(0, Some(A))));
+        tickets.push(queue(&mut state, "b", class(0, Some(B))));
+    }
+    let order = serve_all(&mut state, running, tickets);
+    let first: Vec<_> = order.iter().take(40).collect();
+    let a = first.iter().filter(|&&&name| name == "a").count();
+    assert_eq!(a, 30, "3:1 while both wait: {order:?}");
+}
+
+#[test]
+fn a_full_queue_gives_the_newest_lowest_request_up_to_a_higher_arrival() {
+    let (mut state, running) = busy(AdmissionConfig::new(), 3);
+    let l1 = queue(&mut state, "L1", class(0, None));
+    let l2 = queue(&mut state, "L2", class(-1, None));
+    let l3 = queue(&mut state, "L3", class(-1, None));
+    let h = queue(&mut state, "H", class(5, None));
+    let mut displaced = Vec::new();
+    state.drain_offered(|_, name| displaced.push(*name));
+    assert_eq!(displaced, ["L3"], "the newest of the lowest band");
+    let Polled::Rejected(overloaded, "L3") = state.poll(l3) else {
+        panic!("L3 hears it was displaced")
+    };
+    assert_eq!(overloaded.reason(), RejectionReason::Displaced);
+    assert_eq!(overloaded.scope(), RejectionScope::Worker);
+    assert_eq!(state.tally().displaced(), 1);
+    assert_eq!(state.tally().rejected(), 1);
+    assert_eq!(state.total().queued, 3);
+    assert_eq!(
+        serve_all(&mut state, running, vec![l1, l2, h]),
+        ["H", "L1", "L2"]
+    );
+}
+
+#[test]
+fn an_arrival_of_no_higher_priority_than_the_lowest_band_is_rejected() {
+    let (mut state, _running) = busy(AdmissionConfig::new(), 2);
+    queue(&mut state, "L1", class(1, None));
+    queue(&mut state, "L2", class(1, None));
+    let Arrival::Rejected(overloaded) =
+        state.arrive_as(None, Demand::default(), None, class(1, None), "L3")
+    else {
+        panic!("no lower band to displace")
+    };
+    assert_eq!(overloaded.reason(), RejectionReason::QueueFull);
+    assert_eq!(state.tally().displaced(), 0);
+}
+
+#[test]
+fn an_arrival_ahead_of_every_queued_request_that_fits_is_admitted_at_once() {
+    // A long prompt waits for the token budget; a short urgent one fits.
+    let mut state = State::new(
+        AdmissionConfig::new()
+            .engine_request_limit(4)
+            .engine_waiting_token_limit(1000),
+    );
+    let Arrival::Admitted(_first) = state.arrive(None, Demand::of(Cost::prompt(600)), None, "a")
+    else {
+        panic!("admitted")
+    };
+    let Arrival::Queued(..) = state.arrive(None, Demand::of(Cost::prompt(900)), None, "long")
+    else {
+        panic!("the long prompt waits for the budget")
+    };
+    let same_band = state.arrive_as(
+        None,
+        Demand::of(Cost::prompt(100)),
+        None,
+        class(0, None),
+        "b",
+    );
+    assert!(
+        matches!(same_band, Arrival::Queued(..)),
+        "FIFO within a band: it waits behind the long prompt"
+    );
+    let urgent = state.arrive_as(
+        None,
+        Demand::of(Cost::prompt(100)),
+        None,
+        class(5, None),
+        "c",
+    );
+    assert!(
+        matches!(urgent, Arrival::Admitted(_)),
+        "nothing queued goes before it and it fits"
+    );
+}
+
+#[test]
+fn a_waiting_band_rises_one_band_per_aging_interval() {
+    let start = Instant::now();
+    let config = AdmissionConfig::new().aging_interval(Duration::from_secs(1));
+    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
+    state.advance(start);
+    let Arrival::Admitted(running) = state.arrive(None, Demand::default(), None, "running") else {
+        panic!("admitted")
+    };
+    let low = queue(&mut state, "low", class(0, None));
+    state.advance(start + Duration::from_millis(2500));
+    // The low band has risen two bands: it is level with priority 2 and,
+    // older, goes first; priority 3 still goes before it.
+    let two = queue(&mut state, "two", class(2, None));
+    let three = queue(&mut state, "three", class(3, None));
+    assert_eq!(
+        serve_all(&mut state, running, vec![low, two, three]),
+        ["three", "low", "two"]
+    );
+}
+
+#[test]
+fn configured_bands_group_priorities() {
+    let config = AdmissionConfig::new().priority_bands([0, 10]);
+    let (mut state, running) = busy(config, 10);
+    let mut tickets = Vec::new();
+    // 3 and 7 are both in band 0: FIFO between them.
+    tickets.push(queue(&mut state, "three", class(3, None)));
+    tickets.push(queue(&mut state, "seven", class(7, None)));
+    tickets.push(queue(&mut state, "ten", class(10, None)));
+    tickets.push(queue(&mut state, "minus", class(-4, None)));
+    assert_eq!(
+        serve_all(&mut state, running, tickets),
+        ["ten", "three", "seven", "minus"]
+    );
+}
+
+#[test]
+fn cancelling_a_tenants_head_keeps_its_turn_for_the_next() {
+    let (mut state, running) = busy(AdmissionConfig::new(), 10);
+    let x1 = queue(&mut state, "X1", class(0, Some(A)));
+    let x2 = queue(&mut state, "X2", class(0, Some(A)));
+    let y1 = queue(&mut state, "Y1", class(0, Some(B)));
+    state.cancel(x1).unwrap();
+    assert_eq!(serve_all(&mut state, running, vec![x2, y1]), ["X2", "Y1"]);
+}
+
+#[test]
+fn a_cancel_storm_across_bands_and_tenants_gives_memory_back() {
+    let (mut state, mut running) = busy(AdmissionConfig::new(), 100_000);
+    let idle = state.entries.capacity();
+    let tickets: Vec<Ticket> = (0..50_000u64)
+        .map(|i| {
+            let tenant = Tenant::from_id(i % 1000);
+            queue(&mut state, "r", class((i % 5) as i32, Some(tenant)))
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..tickets.len()).collect();
+    order.sort_by_key(|&i| (i * 7919) % tickets.len());
+    for i in order {
+        state.cancel(tickets[i]).unwrap();
+    }
+    assert_eq!(state.total().queued, 0);
+    assert!(state.unranked.queue.is_empty());
+    assert_eq!(
+        state.unranked.queue.band_lengths().count(),
+        0,
+        "no band left"
+    );
+    assert!(state.entries.capacity() <= idle.max(64));
+    state.finish(&mut running);
+}
+
+/// Serves every ticket, one at a time behind `running`, and names them in
+/// the order the gate admitted them.
+fn serve_all(
+    state: &mut State<&'static str>,
+    running: Grant,
+    tickets: Vec<Ticket>,
+) -> Vec<&'static str> {
+    let mut order = Vec::new();
+    let mut running = running;
+    let mut waiting = tickets;
+    loop {
+        state.finish(&mut running);
+        let mut offered = Vec::new();
+        state.drain_offered(|_, name| offered.push(*name));
+        assert!(offered.len() <= 1, "one slot frees one place: {offered:?}");
+        let mut admitted = None;
+        waiting.retain(|&ticket| match state.poll(ticket) {
+            Polled::Admitted(grant, name) => {
+                admitted = Some((grant, name));
+                false
+            }
+            Polled::Waiting(_) => true,
+            other => panic!("unexpected {other:?}"),
+        });
+        let Some((grant, name)) = admitted else {
+            assert!(waiting.is_empty(), "a slot freed with requests waiting");
+            return order;
+        };
+        order.push(name);
+        running = grant;
+    }
+}
+
+// ----- the reference model ------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    Admitted { waiting: bool },
+    Done,
+}
+
+#[derive(Debug, Clone)]
+struct Req {
+    seq: u64,
+    rung: i64,
+    tenant: Option<Tenant>,
+    step: u128,
+    prompt: usize,
+    queued_at: Instant,
+    phase: Phase,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ModelBand {
+    virtual_time: u128,
+    /// Per tenant: the start tag of its head, and its last finish tag.
+    flows: BTreeMap<Option<Tenant>, (u128, u128)>,
+}
+
+#[derive(Debug, Clone)]
+struct Model {
+    engine_limit: usize,
+    queue_limit: usize,
+    token_limit: Option<usize>,
+    aging: Option<Duration>,
+    weights: Vec<(Tenant, u32)>,
+    reqs: Vec<Req>,
+    bands: BTreeMap<i64, ModelBand>,
+    now: Instant,
+    displaced: u64,
+}
+
+const SCALE: u128 = 720_720;
+
+impl Model {
+    fn queued(&self) -> impl Iterator<Item = (usize, &Req)> {
+        self.reqs
+            .iter()
+            .enumerate()
+            .filter(|(_, req)| req.phase == Phase::Queued)
+    }
+
+    fn engine_fits(&self, prompt: usize) -> bool {
+        let running = self
+            .reqs
+            .iter()
+            .filter(|req| matches!(req.phase, Phase::Admitted { .. }))
+            .count();
+        let waiting_tokens: usize = self
+            .reqs
+            .iter()
+            .filter(|req| req.phase == (Phase::Admitted { waiting: true }))
+            .map(|req| req.prompt)
+            .sum();
+        running < self.engine_limit
+            && match self.token_limit {
+                None => true,
+                Some(limit) => {
+                    prompt == 0 || waiting_tokens == 0 || waiting_tokens + prompt <= limit
+                }
+            }
+    }
+
+    /// The next request to serve: the band risen highest (ties: the band
+    /// with the oldest request), then the flow head of the smallest start
+    /// tag (ties: the older).
+    fn head(&self) -> Option<usize> {
+        let mut best: Option<(i64, u64, i64)> = None; // (risen, oldest seq, rung)
+        for (&rung, _) in &self.bands {
+            let oldest = self
+                .queued()
+                .filter(|(_, req)| req.rung == rung)
+                .min_by_key(|(_, req)| req.seq)?;
+            let risen = match self.aging {
+                Some(interval) => {
+                    let waited = self.now.saturating_duration_since(oldest.1.queued_at);
+                    rung + (waited.as_nanos() / interval.as_nanos()) as i64
+                }
+                None => rung,
+            };
+            if best.is_none_or(|(r, s, _)| {
+                (risen, std::cmp::Reverse(oldest.1.seq)) > (r, std::cmp::Reverse(s))
+            }) {
+                best = Some((risen, oldest.1.seq, rung));
+            }
+        }
+        let (_, _, rung) = best?;
+        let band = &self.bands[&rung];
+        self.queued()
+            .filter(|(_, req)| req.rung == rung)
+            .filter(|(_, req)| {
+                // Only the oldest of each tenant is its flow's head.
+                !self.queued().any(|(_, other)| {
+                    other.rung == rung && other.tenant == req.tenant && other.seq < req.seq
+                })
+            })
+            .min_by_key(|(_, req)| (band.flows[&req.tenant].0, req.seq))
+            .map(|(i, _)| i)
+    }
+
+    fn push(&mut self, i: usize) {
+        let (rung, tenant) = (self.reqs[i].rung, self.reqs[i].tenant);
+        let backlogged = self
+            .queued()
+            .any(|(j, req)| j != i && req.rung == rung && req.tenant == tenant);
+        let band = self.bands.entry(rung).or_default();
+        let vt = band.virtual_time;
+        let flow = band.flows.entry(tenant).or_insert((vt, 0));
+        if !backlogged {
+            flow.0 = flow.1.max(vt);
+        }
+    }
+
+    /// Request `i` leaves the queue (already re-phased); `served` charges
+    /// its flow.
+    fn leave(&mut self, i: usize, served: bool) {
+        let req = self.reqs[i].clone();
+        if !self.queued().any(|(_, other)| other.rung == req.rung) {
+            self.bands.remove(&req.rung);
+            return;
+        }
+        let was_head = !self.queued().any(|(_, other)| {
+            other.rung == req.rung && other.tenant == req.tenant && other.seq < req.seq
+        });
+        if was_head && served {
+            let band = self.bands.get_mut(&req.rung).unwrap();
+            let flow = band.flows.get_mut(&req.tenant).unwrap();
+            band.virtual_time = band.virtual_time.max(flow.0);
+            flow.1 = flow.0 + req.step;
+            flow.0 = flow.1.max(band.virtual_time);
+        }
+    }
+
+    fn dequeue(&mut self) -> Vec<usize> {
+        let mut offered = Vec::new();
+        while let Some(head) = self.head() {
+            if !self.engine_fits(self.reqs[head].prompt) {
+                break;
+            }
+            self.reqs[head].phase = Phase::Admitted { waiting: true };
+            self.leave(head, true);
+            offered.push(head);
+        }
+        offered
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Arrive {
+        priority: i32,
+        tenant: u8,
+        prompt: usize,
+    },
+    FirstToken(usize),
+    Finish(usize),
+    Cancel(usize),
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (-1i32..3, 0u8..3, prop_oneof![Just(0usize), 1usize..8]).prop_map(|(priority, tenant, prompt)| Op::Arrive { priority, tenant, prompt: prompt * 100 }),
+        2 => any::<usize>().prop_map(Op::FirstToken),
+        2 => any::<usize>().prop_map(Op::Finish),
+        1 => any::<usize>().prop_map(Op::Cancel),
+        1 => (1u64..1500).prop_map(Op::Advance),
+    ]
+}
+
+fn tenant_of(code: u8) -> Option<Tenant> {
+    match code {
+        0 => None,
+        1 => Some(A),
+        _ => Some(B),
+    }
+}
+
+/// What the state says, per request of the model.
+enum Held {
+    Queued(Ticket),
+    Granted(Grant),
+    Gone,
+}
+
+fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
+    let start = Instant::now();
+    let mut config = AdmissionConfig::new()
+        .engine_request_limit(2)
+        .request_queue_limit(4)
+        .tenant_weight("a", 3);
+    if aging {
+        config = config.aging_interval(Duration::from_secs(1));
+    }
+    if tokens {
+        config = config.engine_waiting_token_limit(1000);
+    }
+    let mut state: State<usize> = State::new(config);
+    state.advance(start);
+    let mut model = Model {
+        engine_limit: 2,
+        queue_limit: 4,
+        token_limit: tokens.then_some(1000),
+        aging: aging.then(|| Duration::from_secs(1)),
+        weights: vec![(A, 3)],
+        reqs: Vec::new(),
+        bands: BTreeMap::new(),
+        now: start,
+        displaced: 0,
+    };
+    let mut held: Vec<Held> = Vec::new();
+    let mut seq = 0u64;
+    for op in ops {
+        let mut expected_offers = Vec::new();
+        match op {
+            Op::Arrive {
+                priority,
+                tenant,
+                prompt,
+            } => {
+                let tenant = tenant_of(tenant);
+                let weight = model
+                    .weights
+                    .iter()
+                    .find(|(t, _)| Some(*t) == tenant)
+                    .map_or(1, |(_, w)| *w);
+                let i = model.reqs.len();
+                let demand = Demand::of(Cost::prompt(prompt));
+                model.reqs.push(Req {
+                    seq,
+                    rung: i64::from(priority),
+                    tenant,
+                    step: (demand.engine_tokens.max(1) as u128) * SCALE / u128::from(weight),
+                    prompt,
+                    queued_at: model.now,
+                    phase: Phase::Done,
+                });
+                // Would it be first if it joined the queue?
+                let mut trial = model.clone();
+                trial.reqs[i].phase = Phase::Queued;
+                trial.push(i);
+                let leads = trial.head() == Some(i);
+                let queued = model.queued().count();
+                let arrival = state.arrive_as(None, demand, None, class(priority, tenant), i);
+                if leads && model.engine_fits(prompt) {
+                    model.reqs[i].phase = Phase::Admitted { waiting: true };
+                    let Arrival::Admitted(grant) = arrival else {
+                        return Err(TestCaseError::fail(format!(
+                            "{i}: expected admitted, got {arrival:?}"
+                        )));
+                    };
+                    held.push(Held::Granted(grant));
+                    continue;
+                }
+                let victim = (queued >= model.queue_limit).then(|| {
+                    model
+                        .queued()
+                        .filter(|(_, req)| req.rung < i64::from(priority))
+                        .min_by_key(|(_, req)| (req.rung, std::cmp::Reverse(req.seq)))
+                        .map(|(j, _)| j)
+                });
+                match victim {
+                    Some(None) => {
+                        let Arrival::Rejected(overloaded) = arrival else {
+                            return Err(TestCaseError::fail(format!(
+                                "{i}: expected rejected, got {arrival:?}"
+                            )));
+                        };
+                        prop_assert_eq!(overloaded.reason(), RejectionReason::QueueFull);
+                        held.push(Held::Gone);
+                        continue;
+                    }
+                    Some(Some(victim)) => {
+                        model.reqs[victim].phase = Phase::Done;
+                        model.leave(victim, false);
+                        model.displaced += 1;
+                        expected_offers.push(victim);
+                    }
+                    None => {}
+                }
+                seq += 1;
+                model.reqs[i].seq = seq - 1;
+                model.reqs[i].phase = Phase::Queued;
+                model.push(i);
+                let Arrival::Queued(ticket, _) = arrival else {
+                    return Err(TestCaseError::fail(format!(
+                        "{i}: expected queued, got {arrival:?}"
+                    )));
+                };
+                held.push(Held::Queued(ticket));
+                expected_offers.extend(model.dequeue());
+            }
+            Op::FirstToken(pick) | Op::Finish(pick) => {
+                let granted: Vec<usize> = (0..held.len())
+                    .filter(|&i| matches!(held[i], Held::Granted(_)))
+                    .collect();
+                if granted.is_empty() {
+                    continue;
+                }
+                let i = granted[pick % granted.len()];
+                let Held::Granted(grant) = &mut held[i] else {
+                    unreachable!()
+                };
+                if matches!(op, Op::Finish(_)) {
+                    state.finish(grant);
+                    model.reqs[i].phase = Phase::Done;
+                } else {
+                    state.first_token(grant);
+                    if model.reqs[i].phase == (Phase::Admitted { waiting: true }) {
+                        model.reqs[i].phase = Phase::Admitted { waiting: false };
+                    }
+                }
+                expected_offers.extend(model.dequeue());
+            }
+            Op::Cancel(pick) => {
+                let queued: Vec<usize> = model.queued().map(|(i, _)| i).collect();
+                if queued.is_empty() {
+                    continue;
+                }
+                let i = queued[pick % queued.len()];
+                let Held::Queued(ticket) = held[i] else {
+                    unreachable!()
+                };
+                state.cancel(ticket).unwrap();
+                held[i] = Held::Gone;
+                model.reqs[i].phase = Phase::Done;
+                model.leave(i, false);
+                expected_offers.extend(model.dequeue());
+            }
+            Op::Advance(ms) => {
+                model.now += Duration::from_millis(ms);
+                state.advance(model.now);
+            }
+        }
+        // The offers (admissions and displacements) agree, in order.
+        let mut offers = Vec::new();
+        state.drain_offered(|_, &mut i| offers.push(i));
+        prop_assert_eq!(&offers, &expected_offers);
+        for i in offers {
+            let Held::Queued(ticket) = held[i] else {
+                unreachable!()
+            };
+            held[i] = match state.poll(ticket) {
+                Polled::Admitted(grant, _) => Held::Granted(grant),
+                Polled::Rejected(overloaded, _) => {
+                    prop_assert_eq!(overloaded.reason(), RejectionReason::Displaced);
+                    Held::Gone
+                }
+                other => return Err(TestCaseError::fail(format!("{i}: {other:?}"))),
+            };
+        }
+        prop_assert_eq!(state.total().queued, model.queued().count());
+        prop_assert_eq!(state.tally().displaced(), model.displaced);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_discipline_agrees_with_the_reference_model(
+        ops in prop::collection::vec(op(), 1..120),
+        aging in any::<bool>(),
+        tokens in any::<bool>(),
+    ) {
+        run(ops, aging, tokens)?;
+    }
+}
