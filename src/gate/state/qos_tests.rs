@@ -640,3 +640,47 @@ proptest! {
         run(ops, aging, tokens)?;
     }
 }
+
+#[test]
+fn aging_bounds_the_wait_of_low_priority_work_under_a_steady_high_stream() {
+    let interval = Duration::from_secs(1);
+    let step = Duration::from_millis(250);
+    let start = Instant::now();
+    let config = AdmissionConfig::new().aging_interval(interval);
+    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(100));
+    state.advance(start);
+    let Arrival::Admitted(mut running) = state.arrive(None, Demand::default(), None, "running")
+    else {
+        panic!("admitted")
+    };
+    let low = queue(&mut state, "low", class(0, None));
+    let mut waiting = vec![low];
+    // Every step a priority-2 request arrives and the running one ends:
+    // without aging the low request would wait for ever.
+    for k in 1..=40u32 {
+        let now = start + step * k;
+        state.advance(now);
+        waiting.push(queue(&mut state, "high", class(2, None)));
+        state.finish(&mut running);
+        state.drain_offered(|_, _| {});
+        let mut served = None;
+        waiting.retain(|&ticket| match state.poll(ticket) {
+            Polled::Admitted(grant, name) => {
+                served = Some((grant, name));
+                false
+            }
+            _ => true,
+        });
+        let (grant, name) = served.expect("a slot freed with requests waiting");
+        running = grant;
+        if name == "low" {
+            let waited = now - start;
+            // Two bands below the stream: it rises level with it after two
+            // intervals and, older, goes first.
+            assert!(waited <= interval * 2 + step, "waited {waited:?}");
+            assert!(waited >= interval * 2, "served early, after {waited:?}");
+            return;
+        }
+    }
+    panic!("the low-priority request was starved");
+}
