@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 
-use tower_admission::{Acquire, AdmissionConfig, EngineCapacity, Gate, Permit};
+use tower_admission::{Acquire, AdmissionConfig, Descriptor, EngineCapacity, Gate, Permit, Tenant};
 
 #[path = "support/gate.rs"]
 mod gate_support;
@@ -86,7 +86,7 @@ fn measuring() -> MutexGuard<'static, ()> {
 }
 
 /// What an emptied queue may keep: the gate keeps a few dozen entries'
-/// worth of slab for the next burst (64 entries of well under 128 bytes).
+/// worth of slab for the next burst (64 entries of well under 256 bytes).
 const KEPT_FOR_REUSE: usize = 16 * 1024;
 
 // ---- the storm ----
@@ -208,6 +208,17 @@ impl Storm {
 /// order while permits are released and admitted waiters polled. Returns
 /// the live bytes at the baseline, with the whole queue, and after.
 fn run_storm(gate: &Gate, ranks: u32, rng: &mut Rng, storm: &mut Storm) -> (usize, usize, usize) {
+    run_storm_of(gate, ranks, rng, storm, |_| Descriptor::new())
+}
+
+/// [`run_storm`] with requests described by `describe` (a rank is added).
+fn run_storm_of(
+    gate: &Gate,
+    ranks: u32,
+    rng: &mut Rng,
+    storm: &mut Storm,
+    describe: impl Fn(&mut Rng) -> Descriptor,
+) -> (usize, usize, usize) {
     let rank_of = |rng: &mut Rng| match rng.index(ranks as usize + 1) {
         0 => None,
         rank => Some(rank as u32 - 1),
@@ -223,7 +234,8 @@ fn run_storm(gate: &Gate, ranks: u32, rng: &mut Rng, storm: &mut Storm) -> (usiz
     let baseline = live_bytes();
 
     for index in 0..STORM {
-        let acquire = gate.acquire(rank_of(rng));
+        let rank = rank_of(rng);
+        let acquire = gate.acquire_with(describe(rng).with_rank(rank));
         assert!(acquire.is_queued(), "request {index} was not queued");
         storm.acquires[index] = Some(acquire);
         storm.poll(index); // registers its waker in the gate
@@ -319,6 +331,33 @@ fn a_hundred_thousand_cancellations_give_the_queue_memory_back() {
     let (baseline, full, after) = run_storm(&gate, 4, &mut rng, &mut second);
     report("second storm", baseline, full, after, &second, &gate);
     assert!(after <= baseline + KEPT_FOR_REUSE);
+}
+
+#[test]
+fn a_storm_across_priority_bands_and_tenants_gives_the_queue_memory_back() {
+    let _measuring = measuring();
+    let mut rng = Rng(seed() ^ 2);
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .request_queue_limit(STORM / 4)
+            .tenant_weight("7", 3)
+            .capacity(EngineCapacity::new(4, 4)),
+    );
+    let mut storm = Storm::new(&mut rng);
+    let describe = |rng: &mut Rng| {
+        Descriptor::new()
+            .with_priority(rng.index(4) as i32 - 1)
+            .with_tenant(Tenant::from_id(rng.index(500) as u64))
+    };
+    let (baseline, full, after) = run_storm_of(&gate, 4, &mut rng, &mut storm, describe);
+    report("QoS cancel storm", baseline, full, after, &storm, &gate);
+    assert!(
+        after <= baseline + KEPT_FOR_REUSE,
+        "the queue kept {} bytes after the storm",
+        after - baseline
+    );
+    assert_settled(&gate, &storm, 16);
+    assert!(storm.admitted_from_queue > 10_000, "admission went on");
 }
 
 #[test]

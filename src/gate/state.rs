@@ -23,9 +23,10 @@
 //!
 //! * `total` equals the sum of every active bucket's counts.
 //! * After every event, no queue head fits the engine: whatever capacity is
-//!   free has been offered to the oldest queued request that fits. Hence a
-//!   newcomer can never take capacity a waiter could use, and "direct
-//!   admission only when the queue is empty" is the FIFO rule.
+//!   free has been offered to the first queued request in service order
+//!   that fits (by default the oldest). Hence a newcomer can never take
+//!   capacity a waiter could use, and "direct admission only when the
+//!   queue is empty" is the FIFO rule.
 //! * Counts only exceed a limit after the limit shrank (a capacity report
 //!   never revokes held capacity).
 //!
@@ -34,9 +35,9 @@
 //! Every request costs one engine request slot and one waiting slot, and
 //! its tokens where token limits are set ([`Demand`]); a token budget that
 //! holds nothing takes any request, so a request larger than a whole budget
-//! runs alone. Every queue is FIFO by arrival ([`Fifo`]); a queue ordered by
-//! class or deadline replaces `Fifo` behind the same `push`/`head`/`unlink`
-//! calls.
+//! runs alone. Each bucket's [`Queue`] orders its requests by class of
+//! service (SPEC §8: bands, tenants' fair shares, aging); with the default
+//! class — one band, no tenant — it is FIFO by arrival.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -385,7 +386,7 @@ impl<T> State<T> {
         let budget = self.budget(deadline);
         if let Some((budget, client)) = budget {
             if self
-                .predicted_wait(bucket)
+                .predicted_wait(bucket, rung)
                 .is_some_and(|wait| wait > budget)
             {
                 return Arrival::Rejected(self.reject(bucket, RejectionReason::Deadline, client));
@@ -494,12 +495,14 @@ impl<T> State<T> {
         budget
     }
 
-    /// How long a request joining `bucket`'s queue now would wait: the
-    /// requests ahead of it and itself, at the rate the queue has drained.
-    /// `None` before a rate has been measured.
-    fn predicted_wait(&self, bucket: BucketKey) -> Option<Duration> {
-        let interval = self.bucket(bucket).drain_interval?;
-        let ahead = self.bucket(bucket).counts.queued as f64;
+    /// How long a request joining `bucket`'s queue at `rung` now would
+    /// wait: the requests ahead of it (those of its band and higher ones;
+    /// lower bands wait behind it) and itself, at the rate the queue has
+    /// drained. `None` before a rate has been measured.
+    fn predicted_wait(&self, bucket: BucketKey, rung: i64) -> Option<Duration> {
+        let bucket = self.bucket(bucket);
+        let interval = bucket.drain_interval?;
+        let ahead = bucket.queue.at_or_above(rung) as f64;
         Some(Duration::from_secs_f64((ahead + 1.0) * interval))
     }
 

@@ -182,12 +182,13 @@ fn a_waiting_band_rises_one_band_per_aging_interval() {
 fn configured_bands_group_priorities() {
     let config = AdmissionConfig::new().priority_bands([0, 10]);
     let (mut state, running) = busy(config, 10);
-    let mut tickets = Vec::new();
     // 3 and 7 are both in band 0: FIFO between them.
-    tickets.push(queue(&mut state, "three", class(3, None)));
-    tickets.push(queue(&mut state, "seven", class(7, None)));
-    tickets.push(queue(&mut state, "ten", class(10, None)));
-    tickets.push(queue(&mut state, "minus", class(-4, None)));
+    let tickets = vec![
+        queue(&mut state, "three", class(3, None)),
+        queue(&mut state, "seven", class(7, None)),
+        queue(&mut state, "ten", class(10, None)),
+        queue(&mut state, "minus", class(-4, None)),
+    ];
     assert_eq!(
         serve_all(&mut state, running, tickets),
         ["ten", "three", "seven", "minus"]
@@ -228,6 +229,45 @@ fn a_cancel_storm_across_bands_and_tenants_gives_memory_back() {
     );
     assert!(state.entries.capacity() <= idle.max(64));
     state.finish(&mut running);
+}
+
+#[test]
+fn predictive_rejection_counts_only_the_bands_a_request_waits_behind() {
+    let start = Instant::now();
+    let config = AdmissionConfig::new().request_queue_wait_limit(Duration::from_millis(2500));
+    let (mut state, mut running) = {
+        let mut state = State::new(config.engine_request_limit(1).request_queue_limit(100));
+        state.advance(start);
+        let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running")
+        else {
+            panic!("the first request is admitted")
+        };
+        (state, holder)
+    };
+    // One admission from the queue after a second: the queue drains one
+    // request a second.
+    let first = queue(&mut state, "first", class(0, None));
+    state.advance(start + Duration::from_secs(1));
+    state.finish(&mut running);
+    state.drain_offered(|_, _| {});
+    let Polled::Admitted(mut running, _) = state.poll(first) else {
+        panic!("first is admitted from the queue")
+    };
+    // One second of wait each: the second waits two in all.
+    queue(&mut state, "low", class(0, None));
+    queue(&mut state, "low", class(0, None));
+    // Behind two of its own band, a request would wait three seconds.
+    let Arrival::Rejected(overloaded) =
+        state.arrive_as(None, Demand::default(), None, class(0, None), "late")
+    else {
+        panic!("three seconds of queue is over the 2.5-second limit")
+    };
+    assert_eq!(overloaded.reason(), RejectionReason::Deadline);
+    // A higher band waits behind none of them.
+    let high = queue(&mut state, "high", class(1, None));
+    state.finish(&mut running);
+    state.drain_offered(|_, _| {});
+    assert!(matches!(state.poll(high), Polled::Admitted(_, "high")));
 }
 
 /// Serves every ticket, one at a time behind `running`, and names them in
@@ -339,7 +379,7 @@ impl Model {
     /// tag (ties: the older).
     fn head(&self) -> Option<usize> {
         let mut best: Option<(i64, u64, i64)> = None; // (risen, oldest seq, rung)
-        for (&rung, _) in &self.bands {
+        for &rung in self.bands.keys() {
             let oldest = self
                 .queued()
                 .filter(|(_, req)| req.rung == rung)

@@ -27,6 +27,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use super::Slot;
@@ -36,11 +37,44 @@ use crate::Tenant;
 /// to 16, so common weights divide service exactly.
 const TAG_SCALE: u128 = 720_720;
 
-/// A place in one intrusive list.
+/// A place in one intrusive list. Neighbours are stored as slot + 1 in
+/// four bytes each, which keeps a queued request's node small.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Link {
-    prev: Option<Slot>,
-    next: Option<Slot>,
+    prev: Option<NonZeroU32>,
+    next: Option<NonZeroU32>,
+}
+
+impl Link {
+    fn new(prev: Option<Slot>, next: Option<Slot>) -> Link {
+        Link {
+            prev: prev.map(Link::pack),
+            next: next.map(Link::pack),
+        }
+    }
+
+    fn pack(slot: Slot) -> NonZeroU32 {
+        u32::try_from(slot)
+            .ok()
+            .and_then(|slot| NonZeroU32::new(slot.wrapping_add(1)))
+            .expect("fewer than 4 billion queued requests")
+    }
+
+    fn prev(&self) -> Option<Slot> {
+        self.prev.map(|packed| packed.get() as Slot - 1)
+    }
+
+    fn next(&self) -> Option<Slot> {
+        self.next.map(|packed| packed.get() as Slot - 1)
+    }
+
+    fn set_prev(&mut self, prev: Option<Slot>) {
+        self.prev = prev.map(Link::pack);
+    }
+
+    fn set_next(&mut self, next: Option<Slot>) {
+        self.next = next.map(Link::pack);
+    }
 }
 
 /// The two ends of an intrusive list.
@@ -117,18 +151,9 @@ impl Ladder {
         above.saturating_sub(1) as i64
     }
 
-    /// The configured band of a rung, when bands are configured.
-    pub(crate) fn band_of(&self, rung: i64) -> Option<i32> {
-        self.bands.get(usize::try_from(rung).ok()?).copied()
-    }
-
     /// Whether bands rise with time.
     pub(crate) fn ages(&self) -> bool {
         self.aging.is_some()
-    }
-
-    pub(crate) fn configured(&self) -> &[i32] {
-        &self.bands
     }
 
     /// The rung a band has risen to by `now`, its oldest request queued at
@@ -268,8 +293,23 @@ impl Queue {
     }
 
     /// Queued requests per band rung, lowest first.
+    #[cfg(test)]
     pub(crate) fn band_lengths(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
         self.bands.iter().map(|(&rung, band)| (rung, band.len))
+    }
+
+    /// Queued requests in bands at or above `rung`: those a request joining
+    /// at `rung` waits behind, whatever their tenants (aging aside).
+    pub(crate) fn at_or_above(&self, rung: i64) -> usize {
+        if self.bands.len() == 1 {
+            // The default: one band; no range walk on the hot path.
+            return if self.bands.keys().all(|&only| only >= rung) {
+                self.len
+            } else {
+                0
+            };
+        }
+        self.bands.range(rung..).map(|(_, band)| band.len).sum()
     }
 
     /// Appends the request at `slot` (its node filled in but unlinked).
@@ -277,12 +317,9 @@ impl Queue {
         let Node { rung, tenant, .. } = *nodes.node(slot);
         let band = self.bands.entry(rung).or_default();
         let tail = band.arrivals.tail;
-        nodes.node_mut(slot).band = Link {
-            prev: tail,
-            next: None,
-        };
+        nodes.node_mut(slot).band = Link::new(tail, None);
         match tail {
-            Some(tail) => nodes.node_mut(tail).band.next = Some(slot),
+            Some(tail) => nodes.node_mut(tail).band.set_next(Some(slot)),
             None => band.arrivals.head = Some(slot),
         }
         band.arrivals.tail = Some(slot);
@@ -291,12 +328,9 @@ impl Queue {
         let (start, backlogged) = band.start_for(tenant);
         let flow = band.flows.entry(tenant).or_default();
         let tail = flow.fifo.tail;
-        nodes.node_mut(slot).flow = Link {
-            prev: tail,
-            next: None,
-        };
+        nodes.node_mut(slot).flow = Link::new(tail, None);
         match tail {
-            Some(tail) => nodes.node_mut(tail).flow.next = Some(slot),
+            Some(tail) => nodes.node_mut(tail).flow.set_next(Some(slot)),
             None => flow.fifo.head = Some(slot),
         }
         flow.fifo.tail = Some(slot);
@@ -396,18 +430,22 @@ impl Queue {
             ..
         } = *nodes.node(slot);
         let band = self.bands.get_mut(&rung).expect("a queued request's band");
-        match band_link.prev {
-            Some(prev) => nodes.node_mut(prev).band.next = band_link.next,
-            None => band.arrivals.head = band_link.next,
+        match band_link.prev() {
+            Some(prev) => nodes.node_mut(prev).band.set_next(band_link.next()),
+            None => band.arrivals.head = band_link.next(),
         }
-        match band_link.next {
-            Some(next) => nodes.node_mut(next).band.prev = band_link.prev,
-            None => band.arrivals.tail = band_link.prev,
+        match band_link.next() {
+            Some(next) => nodes.node_mut(next).band.set_prev(band_link.prev()),
+            None => band.arrivals.tail = band_link.prev(),
         }
         band.len -= 1;
         self.len -= 1;
         if band.len == 0 {
             self.bands.remove(&rung);
+            if self.bands.is_empty() {
+                // An emptied map keeps its root node: give it back too.
+                self.bands = BTreeMap::new();
+            }
             return;
         }
 
@@ -415,14 +453,14 @@ impl Queue {
             .flows
             .get_mut(&tenant)
             .expect("a queued request's flow");
-        let was_head = flow_link.prev.is_none();
-        match flow_link.prev {
-            Some(prev) => nodes.node_mut(prev).flow.next = flow_link.next,
-            None => flow.fifo.head = flow_link.next,
+        let was_head = flow_link.prev().is_none();
+        match flow_link.prev() {
+            Some(prev) => nodes.node_mut(prev).flow.set_next(flow_link.next()),
+            None => flow.fifo.head = flow_link.next(),
         }
-        match flow_link.next {
-            Some(next) => nodes.node_mut(next).flow.prev = flow_link.prev,
-            None => flow.fifo.tail = flow_link.prev,
+        match flow_link.next() {
+            Some(next) => nodes.node_mut(next).flow.set_prev(flow_link.prev()),
+            None => flow.fifo.tail = flow_link.prev(),
         }
         if was_head {
             if served {
@@ -440,25 +478,18 @@ impl Queue {
     }
 
     /// Queued requests below `rung`, lowest band first and newest first
-    /// within a band: the order they are displaced in.
-    pub(crate) fn displaceable(&self, nodes: &impl Nodes, rung: i64) -> Vec<Slot> {
-        let mut slots = Vec::new();
-        for band in self.bands.range(..rung).map(|(_, band)| band) {
-            let mut cursor = band.arrivals.tail;
-            while let Some(slot) = cursor {
-                slots.push(slot);
-                cursor = nodes.node(slot).band.prev;
-            }
-        }
-        slots
-    }
-
-    /// The oldest queued request.
-    pub(crate) fn oldest(&self, nodes: &impl Nodes) -> Option<Slot> {
-        self.bands
-            .values()
-            .filter_map(|band| band.arrivals.head)
-            .min_by_key(|&slot| nodes.node(slot).seq)
+    /// within a band: the order they are displaced in. Lazy: a caller that
+    /// needs one victim looks at one.
+    pub(crate) fn displaceable<'a>(
+        &'a self,
+        nodes: &'a impl Nodes,
+        rung: i64,
+    ) -> impl Iterator<Item = Slot> + 'a {
+        self.bands.range(..rung).flat_map(move |(_, band)| {
+            std::iter::successors(band.arrivals.tail, move |&slot| {
+                nodes.node(slot).band.prev()
+            })
+        })
     }
 
     /// Every queued request, emptying the queue.
@@ -468,7 +499,7 @@ impl Queue {
             let mut cursor = band.arrivals.head;
             while let Some(slot) = cursor {
                 slots.push(slot);
-                cursor = nodes.node(slot).band.next;
+                cursor = nodes.node(slot).band.next();
             }
         }
         *self = Queue::default();
