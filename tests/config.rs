@@ -21,6 +21,9 @@ const ENGINE_TOKENS: &str = "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT";
 const QUEUE_TOKENS: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT";
 const QUEUE_WAIT_MS: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS";
 const TTFT_MS: &str = "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS";
+const AGING_MS: &str = "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS";
+const BANDS: &str = "DYN_BACKEND_ADMISSION_PRIORITY_BANDS";
+const WEIGHTS: &str = "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS";
 
 const TOO_LARGE: &str = "340282366920938463463374607431768211456"; // 2^128
 
@@ -297,7 +300,10 @@ fn a_valid_canonical_value_means_the_alias_is_never_read() {
             ENGINE_TOKENS,
             QUEUE_TOKENS,
             QUEUE_WAIT_MS,
-            TTFT_MS
+            TTFT_MS,
+            AGING_MS,
+            BANDS,
+            WEIGHTS
         ]
     );
 }
@@ -315,6 +321,14 @@ fn from_env_reads_the_process_environment() {
         .env_remove(WAITING_ALIAS)
         .env_remove(QUEUE)
         .env_remove(QUEUE_ALIAS)
+        .env(AGING_MS, " 250 ")
+        .env(BANDS, "5,0")
+        .env(WEIGHTS, "chat=3")
+        .env_remove(WAITING_TOKENS)
+        .env_remove(ENGINE_TOKENS)
+        .env_remove(QUEUE_TOKENS)
+        .env_remove(QUEUE_WAIT_MS)
+        .env_remove(TTFT_MS)
         .output()
         .unwrap();
     assert!(
@@ -339,6 +353,13 @@ fn from_env_child() {
     }
     let config = AdmissionConfig::from_env();
     assert_eq!(explicit(&config), [Some(11), Some(21), None]);
+    assert_eq!(
+        config.explicit_aging_interval(),
+        Some(Duration::from_millis(250))
+    );
+    assert_eq!(config.explicit_priority_bands(), &[0, 5]);
+    assert_eq!(config.weight_of("chat"), 3);
+    assert_eq!(config.explicit_request_queue_wait_limit(), None);
 }
 
 /// Captures what `tracing` logs while `f` runs on this thread.
@@ -455,6 +476,71 @@ fn deadlines_are_off_unless_set_and_read_from_their_variables() {
     assert!(config.deadlines_enabled());
 }
 
+#[test]
+fn qos_settings_are_off_unless_set_and_read_from_their_variables() {
+    let config = AdmissionConfig::from_lookup(env(&[]));
+    assert_eq!(config.explicit_aging_interval(), None);
+    assert_eq!(config.explicit_priority_bands(), &[] as &[i32]);
+    assert_eq!(config.tenant_weights().count(), 0);
+    assert!(!config.deadlines_enabled());
+
+    let config = AdmissionConfig::from_lookup(env(&[
+        (AGING_MS, " 2000 "),
+        (BANDS, " 10, -1,0 "),
+        (WEIGHTS, "chat = 4, batch=1"),
+    ]));
+    assert_eq!(
+        config.explicit_aging_interval(),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(config.explicit_priority_bands(), &[-1, 0, 10]);
+    let weights: Vec<(&str, u32)> = config.tenant_weights().collect();
+    assert_eq!(weights, [("batch", 1), ("chat", 4)]);
+    assert_eq!(config.weight_of("unnamed"), 1);
+    assert!(config.deadlines_enabled(), "aging keeps time");
+}
+
+#[test]
+fn an_invalid_qos_value_warns_naming_the_variable_and_the_value_and_stays_off() {
+    let cases: &[(&str, &str, &str)] = &[
+        (AGING_MS, "0", "positive integer"),
+        (AGING_MS, "-5", "negative"),
+        (AGING_MS, "soon", "not an integer"),
+        (BANDS, "", "empty"),
+        (BANDS, "0,x", "\"x\" is not an integer"),
+        (BANDS, "0,,5", "empty item"),
+        (BANDS, "5,0,5", "5 is listed twice"),
+        (BANDS, "99999999999", "out of range"),
+        (WEIGHTS, "chat=0", "positive integer"),
+        (WEIGHTS, "chat=4,=2", "name is empty"),
+        (WEIGHTS, "chat", "NAME=WEIGHT"),
+        (WEIGHTS, "chat=four", "not an integer"),
+        (WEIGHTS, "chat=1,chat=2", "two weights"),
+        (WEIGHTS, "chat=99999999999", "too large"),
+    ];
+    for &(variable, value, reason) in cases {
+        let logs = logs_of(|| {
+            let config = AdmissionConfig::from_lookup(env(&[(variable, value)]));
+            assert_eq!(config.explicit_aging_interval(), None, "{variable}={value}");
+            assert!(config.explicit_priority_bands().is_empty(), "{value}");
+            assert_eq!(
+                config.tenant_weights().count(),
+                0,
+                "a list is taken whole or not at all: {value}"
+            );
+        });
+        assert_eq!(logs.lines().count(), 1, "one warning: {logs}");
+        assert!(logs.contains("WARN"), "{logs}");
+        assert!(logs.contains(variable), "names the variable: {logs}");
+        assert!(
+            logs.contains(&format!("{value:?}")),
+            "names the value: {logs}"
+        );
+        assert!(logs.contains(reason), "says why ({reason}): {logs}");
+        assert!(logs.contains("the default"), "{logs}");
+    }
+}
+
 #[cfg(feature = "clap")]
 mod cli {
     use clap::Parser;
@@ -522,7 +608,10 @@ mod cli {
                 ENGINE_TOKENS,
                 QUEUE_TOKENS,
                 QUEUE_WAIT_MS,
-                TTFT_MS
+                TTFT_MS,
+                AGING_MS,
+                BANDS,
+                WEIGHTS
             ]
         );
     }
@@ -630,6 +719,110 @@ mod cli {
     }
 
     #[test]
+    fn the_qos_flags_beat_their_variables() {
+        let worker = parse(&[
+            "--aging-interval-ms",
+            "500",
+            "--priority-bands",
+            "-1,0,10",
+            "--tenant-weight",
+            "chat=4",
+            "--tenant-weight=batch = 1",
+        ])
+        .unwrap();
+        assert_eq!(worker.admission.priority_bands, Some(vec![-1, 0, 10]));
+        let read = RefCell::new(Vec::new());
+        let vars = env(&[(AGING_MS, "9"), (BANDS, "1,2"), (WEIGHTS, "other=7")]);
+        let config = worker.admission.resolve_with(|name| {
+            read.borrow_mut().push(name.to_owned());
+            vars(name)
+        });
+        assert_eq!(
+            config.explicit_aging_interval(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(config.explicit_priority_bands(), &[-1, 0, 10]);
+        assert_eq!(config.weight_of("chat"), 4);
+        assert_eq!(config.weight_of("batch"), 1);
+        assert_eq!(config.weight_of("other"), 1, "the variable is not read");
+        for variable in [AGING_MS, BANDS, WEIGHTS] {
+            assert!(
+                !read.borrow().iter().any(|name| name == variable),
+                "{variable}"
+            );
+        }
+
+        // Without the flags, the variables decide.
+        let config = parse(&[]).unwrap().admission.resolve_with(env(&[
+            (AGING_MS, "9"),
+            (BANDS, "2,1"),
+            (WEIGHTS, "other=7"),
+        ]));
+        assert_eq!(
+            config.explicit_aging_interval(),
+            Some(Duration::from_millis(9))
+        );
+        assert_eq!(config.explicit_priority_bands(), &[1, 2]);
+        assert_eq!(config.weight_of("other"), 7);
+    }
+
+    #[test]
+    fn a_tenant_named_by_two_flags_gets_the_last_weight() {
+        let worker = parse(&["--tenant-weight", "chat=4", "--tenant-weight", "chat=2"]).unwrap();
+        let config = worker.admission.resolve_with(env(&[]));
+        assert_eq!(config.weight_of("chat"), 2);
+    }
+
+    #[test]
+    fn invalid_qos_flag_values_fail_with_the_flag_and_the_value() {
+        let cases: &[(&[&str], &str, &str)] = &[
+            (&["--aging-interval-ms", "0"], "'0'", "positive integer"),
+            (&["--aging-interval-ms", "-1"], "'-1'", "negative"),
+            (&["--aging-interval-ms", "1s"], "'1s'", "not an integer"),
+            (
+                &["--priority-bands", "0,high"],
+                "'0,high'",
+                "not an integer",
+            ),
+            (&["--priority-bands", "1,2,1"], "'1,2,1'", "listed twice"),
+            (&["--priority-bands", "-1,,2"], "'-1,,2'", "empty item"),
+            (&["--priority-bands="], "''", "empty"),
+            (
+                &["--priority-bands", "3000000000"],
+                "'3000000000'",
+                "out of range",
+            ),
+            (
+                &["--tenant-weight", "chat=0"],
+                "'chat=0'",
+                "positive integer",
+            ),
+            (&["--tenant-weight", "chat=-2"], "'chat=-2'", "negative"),
+            (&["--tenant-weight", "chat=x"], "'chat=x'", "not an integer"),
+            (&["--tenant-weight", "=3"], "'=3'", "name is empty"),
+            (&["--tenant-weight", "chat"], "'chat'", "NAME=WEIGHT"),
+            (
+                &["--tenant-weight", "chat=5000000000"],
+                "'chat=5000000000'",
+                "too large",
+            ),
+        ];
+        for &(args, value, reason) in cases {
+            let error = parse(args).expect_err(&format!("{args:?} must fail"));
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{args:?}"
+            );
+            let message = error.to_string();
+            let flag = args[0].split('=').next().unwrap();
+            assert!(message.contains(flag), "names the flag: {message}");
+            assert!(message.contains(value), "names the value: {message}");
+            assert!(message.contains(reason), "says why: {message}");
+        }
+    }
+
+    #[test]
     fn zero_is_a_valid_queue_limit_flag() {
         let worker = parse(&["--request-queue-limit", "0"]).unwrap();
         assert_eq!(worker.admission.request_queue_limit, Some(0));
@@ -646,7 +839,13 @@ mod cli {
             "--engine-waiting-token-limit <N>",
             "--engine-token-limit <N>",
             "--request-queue-token-limit <N>",
+            "--aging-interval-ms <MS>",
+            "--priority-bands <BANDS>",
+            "--tenant-weight <NAME=WEIGHT>",
             WAITING_TOKENS,
+            AGING_MS,
+            BANDS,
+            WEIGHTS,
             REQUEST,
             WAITING_ALIAS,
             QUEUE_ALIAS,

@@ -16,17 +16,31 @@ use super::env::{self, Overrides};
 /// | `--engine-waiting-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT` |
 /// | `--engine-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
 /// | `--request-queue-token-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
-///
 /// | `--request-queue-wait-limit-ms <MS>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
 /// | `--ttft-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
+/// | `--aging-interval-ms <MS>` | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+/// | `--priority-bands <BANDS>` | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` |
+/// | `--tenant-weight <NAME=WEIGHT>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` |
 ///
 /// The token limits are off unless set: requests are then counted, not
 /// weighed. So are the queue wait limit and the time-to-first-token
-/// objective: a queued request then waits as long as the queue takes.
+/// objective: a queued request then waits as long as the queue takes. So is
+/// aging (SPEC §8); without `--priority-bands` every priority is a band of
+/// its own, and a tenant without a weight weighs 1.
+///
+/// Priority bands are comma-separated integers (`--priority-bands=-1,0,10`),
+/// none listed twice; the variable takes the same list. Tenant weights are
+/// `NAME=WEIGHT` with a positive integer weight, one flag per tenant
+/// (`--tenant-weight chat=4 --tenant-weight batch=1`; a tenant named by two
+/// flags gets the last weight); the variable takes them comma-separated
+/// (`chat=4,batch=1`), no tenant twice. Any `--tenant-weight` flag keeps
+/// the variable unread.
 ///
 /// An invalid flag value (zero, negative or non-numeric engine limits, a
-/// negative or non-numeric queue limit) fails parsing with an error naming
-/// the flag and the value, so the worker does not start.
+/// negative or non-numeric queue limit, a zero interval or weight, a band
+/// that is not an integer or is listed twice, an empty tenant name) fails
+/// parsing with an error naming the flag and the value, so the worker does
+/// not start.
 /// [`resolve`](Self::resolve) then fills in what the flags left unset, per
 /// setting: flag, canonical variable, alias, default.
 ///
@@ -102,6 +116,25 @@ pub struct AdmissionArgs {
     /// [default: off; env: DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS]
     #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
     pub ttft_objective_ms: Option<NonZeroUsize>,
+
+    /// A queued request rises one priority band per this many milliseconds
+    /// of waiting, so a steady stream of higher-priority work never starves
+    /// it [default: off; env: DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub aging_interval_ms: Option<NonZeroUsize>,
+
+    /// Comma-separated priorities that are bands, e.g. -1,0,10: a request
+    /// belongs to the highest band at or below its priority [default: every
+    /// priority is a band; env: DYN_BACKEND_ADMISSION_PRIORITY_BANDS]
+    // Fully qualified: one value holding a list, not a repeatable flag.
+    #[arg(long, value_name = "BANDS", allow_hyphen_values = true, value_parser = priority_bands)]
+    pub priority_bands: Option<::std::vec::Vec<i32>>,
+
+    /// Weight of a tenant in fair sharing within a band, as NAME=WEIGHT;
+    /// repeat for each tenant [default: every tenant weighs 1; env:
+    /// DYN_BACKEND_ADMISSION_TENANT_WEIGHTS, comma-separated]
+    #[arg(long, value_name = "NAME=WEIGHT", value_parser = tenant_weight)]
+    pub tenant_weight: Vec<(String, u32)>,
 }
 
 impl AdmissionArgs {
@@ -124,6 +157,9 @@ impl AdmissionArgs {
             request_queue_token_limit: self.request_queue_token_limit.map(NonZeroUsize::get),
             request_queue_wait_limit_ms: self.request_queue_wait_limit_ms.map(NonZeroUsize::get),
             ttft_objective_ms: self.ttft_objective_ms.map(NonZeroUsize::get),
+            aging_interval_ms: self.aging_interval_ms.map(NonZeroUsize::get),
+            priority_bands: self.priority_bands.clone(),
+            tenant_weights: (!self.tenant_weight.is_empty()).then(|| self.tenant_weight.clone()),
         };
         env::resolve(overrides, &lookup)
     }
@@ -137,4 +173,12 @@ fn engine_limit(raw: &str) -> Result<NonZeroUsize, String> {
 
 fn queue_limit(raw: &str) -> Result<usize, String> {
     env::parse(raw, 0).map_err(|invalid| invalid.to_string())
+}
+
+fn priority_bands(raw: &str) -> Result<Vec<i32>, String> {
+    env::parse_priority_bands(raw)
+}
+
+fn tenant_weight(raw: &str) -> Result<(String, u32), String> {
+    env::parse_tenant_weight(raw)
 }

@@ -1,4 +1,5 @@
-//! Resolution of the settings from environment variables (SPEC §5, §7).
+//! Resolution of the settings from environment variables (SPEC §5, §7, §8,
+//! §9).
 //!
 //! Each setting has a canonical variable and, for the three request
 //! settings, an alias. Per setting, the
@@ -71,9 +72,21 @@ pub(crate) const TTFT_OBJECTIVE_MS: Setting = Setting {
     minimum: 1,
 };
 
+pub(crate) const AGING_INTERVAL_MS: Setting = Setting {
+    canonical: "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS",
+    alias: None,
+    minimum: 1,
+};
+
+/// Comma-separated priorities that are bands: `-1,0,10`.
+pub(crate) const PRIORITY_BANDS: &str = "DYN_BACKEND_ADMISSION_PRIORITY_BANDS";
+
+/// Comma-separated tenant weights: `batch=1,chat=4`.
+pub(crate) const TENANT_WEIGHTS: &str = "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS";
+
 /// Values that take precedence over the environment (from the command
 /// line). A setting given here is resolved without reading its variables.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Overrides {
     pub(crate) engine_request_limit: Option<usize>,
     pub(crate) engine_request_waiting_limit: Option<usize>,
@@ -83,6 +96,9 @@ pub(crate) struct Overrides {
     pub(crate) request_queue_token_limit: Option<usize>,
     pub(crate) request_queue_wait_limit_ms: Option<usize>,
     pub(crate) ttft_objective_ms: Option<usize>,
+    pub(crate) aging_interval_ms: Option<usize>,
+    pub(crate) priority_bands: Option<Vec<i32>>,
+    pub(crate) tenant_weights: Option<Vec<(String, u32)>>,
 }
 
 /// Builds a configuration from `overrides`, then the variables `lookup`
@@ -141,6 +157,24 @@ pub(crate) fn resolve(
     if let Some(n) = ttft_objective {
         config = config.ttft_objective(millis(n));
     }
+    let aging_interval = overrides
+        .aging_interval_ms
+        .or_else(|| AGING_INTERVAL_MS.lookup(lookup));
+    if let Some(n) = aging_interval {
+        config = config.aging_interval(millis(n));
+    }
+    let priority_bands = overrides
+        .priority_bands
+        .or_else(|| read(PRIORITY_BANDS, lookup, "the default", parse_priority_bands));
+    if let Some(bands) = priority_bands {
+        config = config.priority_bands(bands);
+    }
+    let tenant_weights = overrides
+        .tenant_weights
+        .or_else(|| read(TENANT_WEIGHTS, lookup, "the default", parse_tenant_weights));
+    for (tenant, weight) in tenant_weights.into_iter().flatten() {
+        config = config.tenant_weight(tenant, weight);
+    }
     config
 }
 
@@ -174,17 +208,29 @@ impl Setting {
         lookup: &dyn Fn(&str) -> Option<String>,
         next: &str,
     ) -> Option<usize> {
-        let raw = lookup(variable)?;
-        match parse(&raw, self.minimum) {
-            Ok(n) => Some(n),
-            Err(invalid) => {
-                tracing::warn!(
-                    variable,
-                    value = %raw,
-                    "ignoring {variable}={raw:?}: {invalid}; using {next} instead"
-                );
-                None
-            }
+        read(variable, lookup, next, |raw| parse(raw, self.minimum))
+    }
+}
+
+/// The value of `variable` as `parse` reads it, if it is set and valid;
+/// otherwise a warning naming the variable, the value, what is wrong with
+/// it and `next`, the source used instead.
+fn read<T, E: fmt::Display>(
+    variable: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    next: &str,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> Option<T> {
+    let raw = lookup(variable)?;
+    match parse(&raw) {
+        Ok(value) => Some(value),
+        Err(invalid) => {
+            tracing::warn!(
+                variable,
+                value = %raw,
+                "ignoring {variable}={raw:?}: {invalid}; using {next} instead"
+            );
+            None
         }
     }
 }
@@ -229,6 +275,78 @@ pub(crate) fn parse(raw: &str, minimum: usize) -> Result<usize, Invalid> {
     }
 }
 
+/// Parses a list of priority bands: comma-separated decimal integers that
+/// fit an `i32`, each trimmed, none listed twice. Shared by the environment
+/// and the command line.
+pub(crate) fn parse_priority_bands(raw: &str) -> Result<Vec<i32>, String> {
+    if raw.trim().is_empty() {
+        return Err(Invalid::Empty.to_string());
+    }
+    let mut bands: Vec<i32> = Vec::new();
+    for item in raw.split(',') {
+        let item = item.trim();
+        let band = match item.parse::<i32>() {
+            Ok(band) => band,
+            Err(error) => {
+                return Err(match error.kind() {
+                    IntErrorKind::Empty => {
+                        "an empty item (expected comma-separated integers such as -1,0,10)"
+                            .to_owned()
+                    }
+                    IntErrorKind::PosOverflow | IntErrorKind::NegOverflow => {
+                        format!("{item:?} is out of range (a priority is a 32-bit integer)")
+                    }
+                    _ => format!("{item:?} is not an integer"),
+                });
+            }
+        };
+        if bands.contains(&band) {
+            return Err(format!("{band} is listed twice"));
+        }
+        bands.push(band);
+    }
+    Ok(bands)
+}
+
+/// Parses one tenant weight, `NAME=WEIGHT`: a name that is not empty once
+/// trimmed, and a positive integer weight that fits a `u32`.
+pub(crate) fn parse_tenant_weight(raw: &str) -> Result<(String, u32), String> {
+    let Some((name, weight)) = raw.split_once('=') else {
+        return Err("expected NAME=WEIGHT, e.g. chat=4".to_owned());
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        return Err("the tenant name is empty (expected NAME=WEIGHT)".to_owned());
+    }
+    let weight = parse(weight, 1)
+        .and_then(|weight| u32::try_from(weight).map_err(|_| Invalid::TooLarge))
+        .map_err(|invalid| match invalid {
+            Invalid::TooLarge => format!(
+                "the weight of tenant {name:?} is too large (at most {})",
+                u32::MAX
+            ),
+            invalid => format!("the weight of tenant {name:?}: {invalid}"),
+        })?;
+    Ok((name.to_owned(), weight))
+}
+
+/// Parses a list of tenant weights, `NAME=WEIGHT,NAME=WEIGHT`, no tenant
+/// named twice.
+pub(crate) fn parse_tenant_weights(raw: &str) -> Result<Vec<(String, u32)>, String> {
+    if raw.trim().is_empty() {
+        return Err(Invalid::Empty.to_string());
+    }
+    let mut weights: Vec<(String, u32)> = Vec::new();
+    for item in raw.split(',') {
+        let (name, weight) = parse_tenant_weight(item)?;
+        if weights.iter().any(|(seen, _)| *seen == name) {
+            return Err(format!("tenant {name:?} is given two weights"));
+        }
+        weights.push((name, weight));
+    }
+    Ok(weights)
+}
+
 fn is_negative_integer(value: &str) -> bool {
     value
         .strip_prefix('-')
@@ -254,5 +372,48 @@ mod tests {
             parse("99999999999999999999999999999", 1),
             Err(Invalid::TooLarge)
         );
+    }
+
+    #[test]
+    fn priority_bands_are_distinct_integers() {
+        assert_eq!(parse_priority_bands(" 10, -1 ,0"), Ok(vec![10, -1, 0]));
+        assert_eq!(parse_priority_bands("7"), Ok(vec![7]));
+        for (raw, why) in [
+            ("", "empty"),
+            (" ", "empty"),
+            ("1,,2", "empty item"),
+            ("1,", "empty item"),
+            ("1,x", "\"x\" is not an integer"),
+            ("1.5", "not an integer"),
+            ("2147483648", "out of range"),
+            ("-2147483649", "out of range"),
+            ("0,5,0", "0 is listed twice"),
+        ] {
+            let error = parse_priority_bands(raw).expect_err(raw);
+            assert!(error.contains(why), "{raw:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn tenant_weights_name_a_tenant_and_a_positive_weight() {
+        assert_eq!(
+            parse_tenant_weights(" chat = 4 ,batch=1"),
+            Ok(vec![("chat".to_owned(), 4), ("batch".to_owned(), 1)])
+        );
+        for (raw, why) in [
+            ("", "empty"),
+            ("chat", "expected NAME=WEIGHT"),
+            ("=3", "name is empty"),
+            ("chat=0", "positive integer"),
+            ("chat=-1", "negative"),
+            ("chat=x", "not an integer"),
+            ("chat=", "empty"),
+            ("chat=4294967296", "too large"),
+            ("chat=1,chat=2", "two weights"),
+            ("chat=1,", "expected NAME=WEIGHT"),
+        ] {
+            let error = parse_tenant_weights(raw).expect_err(raw);
+            assert!(error.contains(why), "{raw:?}: {error}");
+        }
     }
 }

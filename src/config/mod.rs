@@ -408,13 +408,25 @@ impl AdmissionConfig {
     /// | engine request limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
     /// | engine request waiting limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
     /// | request queue limit | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
+    /// | engine waiting token limit | `DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT` |
+    /// | engine token limit | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
+    /// | request queue token limit | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
+    /// | request queue wait limit (ms) | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
+    /// | time-to-first-token objective (ms) | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
+    /// | aging interval (ms) | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+    /// | priority bands | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` (`-1,0,10`) |
+    /// | tenant weights | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` (`chat=4,batch=1`) |
     ///
     /// Per setting, independently: a valid canonical value wins and its
     /// alias is not read; otherwise a valid alias value wins; otherwise the
-    /// setting follows the engine. Values are trimmed. Engine limits accept
-    /// positive integers, the queue limit non-negative ones. A value that is
-    /// empty, not an integer, negative, below the minimum or too large logs a
-    /// warning naming the variable and the value, and the next source is used.
+    /// setting follows the engine (or, for the settings without an alias,
+    /// stays off). Values are trimmed. Engine limits, token limits,
+    /// durations and weights accept positive integers, the queue limit
+    /// non-negative ones. A value that is empty, not an integer, negative,
+    /// below the minimum or too large — or a band list with a band twice, a
+    /// weight list with an empty name or a tenant twice — logs a warning
+    /// naming the variable and the value, and the next source is used: a
+    /// list is taken whole or not at all.
     ///
     /// ```
     /// use tower_admission::AdmissionConfig;

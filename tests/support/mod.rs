@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 /// How long a child may take to print its address, or to exit.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
-/// The admission variables of SPEC §5: cleared in every child, so that the
+/// The admission variables of SPEC §5, §7, §8 and §9: cleared in every child, so that the
 /// developer's environment cannot change what a test sees.
-pub const ADMISSION_VARIABLES: [&str; 9] = [
+pub const ADMISSION_VARIABLES: [&str; 14] = [
     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
     "DYN_ENGINE_REQUEST_LIMIT",
     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
@@ -32,6 +32,11 @@ pub const ADMISSION_VARIABLES: [&str; 9] = [
     "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT",
     "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT",
     "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT",
+    "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS",
+    "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS",
+    "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS",
+    "DYN_BACKEND_ADMISSION_PRIORITY_BANDS",
+    "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS",
 ];
 
 /// The path of an example binary, built (or found up to date) by cargo with
