@@ -96,6 +96,6 @@ pub use crate::gate::{
 };
 #[cfg(feature = "http")]
 pub use crate::http::{
-    Admission, AdmissionLayer, Admitted, DataParallelRank, NoRank, RankExtension, RankExtractor,
-    RankHeader,
+    Admission, AdmissionLayer, Admitted, DataParallelRank, NoRank, Priority, QosHeaders,
+    RankExtension, RankExtractor, RankHeader,
 };

@@ -16,10 +16,12 @@ use tokio_test::{assert_pending, assert_ready, assert_ready_err, assert_ready_ok
 use tower::{BoxError, Layer};
 use tower_admission::FirstTokenDetector;
 use tower_admission::detect::OpenAiSse;
-use tower_admission::http::{Admission, BypassPaths, FirstToken, ResponseBody};
+use tower_admission::http::{
+    Admission, BypassPaths, FirstToken, Priority, Qos, QosHeaders, QosLayer, ResponseBody,
+};
 use tower_admission::{
     AdmissionConfig, AdmissionLayer, AdmitSource, Admitted, Counts, DataParallelRank,
-    EngineCapacity, Gate, RankExtension, RankHeader,
+    EngineCapacity, Gate, RankExtension, RankHeader, Tenant,
 };
 use tower_test::mock;
 
@@ -957,4 +959,190 @@ async fn bypassed_requests_skip_the_gate() {
 
     let rejected = assert_ready_ok!(call(&mut service, request("/llm.Generator/Generate")).poll());
     assert_eq!(rejected.status().as_u16(), 529);
+}
+
+// ---- quality of service: priority and tenant (SPEC §8) ----
+
+fn with_headers(path: &str, headers: &[(&str, &str)]) -> Request<()> {
+    let mut req = request(path);
+    for (name, value) in headers {
+        req.headers_mut().append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    req
+}
+
+/// Calls `layer` around an inner service that records the path of each
+/// request it receives (and answers it with an empty body), with one
+/// request already running: each request is decided (queued) as it is
+/// called, in order. The running request then ends, and the queue drains
+/// one request at a time. Returns the paths in the order they reached the
+/// inner service, and each request's status.
+async fn served<L>(gate: &Gate, layer: L, requests: Vec<Request<()>>) -> (Vec<String>, Vec<u16>)
+where
+    L: Layer<tower::util::BoxCloneService<Request<()>, Response<Body>, Infallible>>,
+    L::Service:
+        tower::Service<Request<()>, Response = Response<ResponseBody<Body>>, Error = Infallible>,
+{
+    use futures::FutureExt as _;
+    use tower::Service as _;
+    let reached = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = reached.clone();
+    let inner = tower::util::BoxCloneService::new(tower::service_fn(move |req: Request<()>| {
+        record.lock().unwrap().push(req.uri().path().to_owned());
+        std::future::ready(Ok::<_, Infallible>(Response::new(empty_body())))
+    }));
+    let mut service = layer.layer(inner);
+    let running = gate.acquire(None).now_or_never().unwrap().unwrap();
+    let mut answers = Vec::new();
+    for req in requests {
+        tower::ServiceExt::ready(&mut service).await.unwrap();
+        let response = service.call(req);
+        answers.push(async move {
+            let response = response.await.unwrap();
+            let status = response.status().as_u16();
+            let _ = response.into_body().collect().await.unwrap();
+            status
+        });
+    }
+    drop(running);
+    let statuses = futures::future::join_all(answers).await;
+    let reached = reached.lock().unwrap().clone();
+    (reached, statuses)
+}
+
+#[tokio::test]
+async fn the_priority_header_orders_the_queue_through_the_layer() {
+    let gate = gate(1, 10);
+    let requests = [
+        ("/low", "0"),
+        ("/malformed", "urgent"),
+        ("/high", "5"),
+        ("/sheddable", "-1"),
+    ]
+    .into_iter()
+    .map(|(path, priority)| with_headers(path, &[("x-admission-priority", priority)]))
+    .collect();
+    let layer = AdmissionLayer::new(gate.clone()).qos_headers(QosHeaders::default());
+    let (order, statuses) = served(&gate, layer, requests).await;
+    assert_eq!(order, ["/high", "/low", "/malformed", "/sheddable"]);
+    assert_eq!(statuses, [200; 4]);
+}
+
+#[tokio::test]
+async fn the_tenant_header_shares_a_band_between_tenants_through_the_layer() {
+    let gate = gate(1, 10);
+    let requests = [("/x1", "x"), ("/x2", "x"), ("/x3", "x"), ("/y1", "y")]
+        .into_iter()
+        .map(|(path, tenant)| with_headers(path, &[("x-admission-tenant", tenant)]))
+        .collect();
+    let layer =
+        AdmissionLayer::new(gate.clone()).qos_headers(QosHeaders::default().tenant_header("x-org"));
+    let (order, _) = served(&gate, layer.clone(), requests).await;
+    assert_eq!(
+        order,
+        ["/x1", "/x2", "/x3", "/y1"],
+        "another header is read"
+    );
+
+    let requests = [("/x1", "x"), ("/x2", "x"), ("/x3", "x"), ("/y1", "y")]
+        .into_iter()
+        .map(|(path, tenant)| with_headers(path, &[("x-org", tenant)]))
+        .collect();
+    let (order, _) = served(&gate, layer, requests).await;
+    assert_eq!(order, ["/x1", "/y1", "/x2", "/x3"]);
+}
+
+#[tokio::test]
+async fn without_qos_headers_configured_the_headers_are_ignored() {
+    let gate = gate(1, 10);
+    let requests = [("/1", "0"), ("/2", "9")]
+        .into_iter()
+        .map(|(path, priority)| with_headers(path, &[("x-admission-priority", priority)]))
+        .collect();
+    let (order, _) = served(&gate, AdmissionLayer::new(gate.clone()), requests).await;
+    assert_eq!(order, ["/1", "/2"], "first come, first served");
+}
+
+#[tokio::test]
+async fn priority_and_tenant_extensions_set_by_an_earlier_layer_are_honoured() {
+    let gate = gate(1, 10);
+    // A closure decides from the path, as a router might.
+    let qos = QosLayer::new(|req: &Request<()>| match req.uri().path() {
+        "/batch" => Qos::new()
+            .with_priority(-1)
+            .with_tenant(Tenant::new("batch")),
+        "/chat" => Qos::new().with_priority(3),
+        _ => Qos::new(),
+    });
+    let admission = AdmissionLayer::new(gate.clone());
+    let layer = tower::layer::layer_fn(move |inner| qos.layer(admission.layer(inner)));
+    let requests = ["/batch", "/plain", "/chat"].map(request).into();
+    let (order, _) = served(&gate, layer, requests).await;
+    assert_eq!(order, ["/chat", "/plain", "/batch"]);
+}
+
+#[tokio::test]
+async fn the_inner_service_sees_the_priority_and_tenant_it_was_admitted_with() {
+    let gate = gate(1, 0);
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .qos_headers(QosHeaders::default())
+            .layer(inner),
+    );
+    handle.allow(1);
+    let req = with_headers(
+        "/",
+        &[
+            ("x-admission-priority", "-3"),
+            ("x-admission-tenant", "acme"),
+        ],
+    );
+    let _admitted = call(&mut service, req);
+    let (req, _respond) = next_request(&mut handle);
+    assert_eq!(req.extensions().get::<Priority>(), Some(&Priority(-3)));
+    assert_eq!(req.extensions().get::<Tenant>(), Some(&Tenant::new("acme")));
+}
+
+#[tokio::test]
+async fn a_displaced_request_is_answered_at_once_with_reason_displaced() {
+    let gate = gate(1, 1);
+    let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
+    let mut service = mock::Spawn::new(
+        AdmissionLayer::new(gate.clone())
+            .qos_headers(QosHeaders::default())
+            .layer(inner),
+    );
+    handle.allow(10);
+    let _running = call(&mut service, request("/running"));
+    let mut low = call(&mut service, request("/low"));
+    assert_pending!(low.poll());
+    let mut high = call(
+        &mut service,
+        with_headers("/high", &[("x-admission-priority", "1")]),
+    );
+    assert!(low.is_woken(), "the displaced request hears at once");
+    let response = assert_ready_ok!(low.poll());
+    assert_eq!(response.status().as_u16(), 529);
+    assert_eq!(
+        header(response.headers(), "x-admission-rejection-reason"),
+        Some("displaced")
+    );
+    assert_eq!(
+        header(response.headers(), "x-admission-rejection-scope"),
+        Some("worker")
+    );
+    let error = &body_json(response.into_body()).await["error"];
+    assert_eq!(error["reason"], "displaced");
+    assert_eq!(error["type"], "overloaded");
+    assert_pending!(high.poll());
+    assert_eq!(
+        gate.snapshot().total,
+        counts(1, 1, 1),
+        "the arrival waits in its place"
+    );
+    assert_eq!(gate.snapshot().tally.displaced(), 1);
 }

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 
 use super::bypass::NoBypass;
 use super::deadline::RequestDeadlines;
+use super::qos::QosHeaders;
 use super::reject::OverloadAnswer;
 use super::{Admission, NoRank};
 use crate::detect::{Auto, FirstTokenDetector};
@@ -31,6 +32,7 @@ pub struct AdmissionLayer<D = Auto, R = NoRank, P = NoBypass> {
     bypass: P,
     answer: OverloadAnswer,
     deadlines: RequestDeadlines,
+    qos_headers: Option<QosHeaders>,
 }
 
 impl AdmissionLayer {
@@ -45,6 +47,7 @@ impl AdmissionLayer {
             bypass: NoBypass,
             answer: OverloadAnswer::default(),
             deadlines: RequestDeadlines::default(),
+            qos_headers: None,
         }
     }
 }
@@ -62,6 +65,7 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
             bypass: self.bypass,
             answer: self.answer,
             deadlines: self.deadlines,
+            qos_headers: self.qos_headers,
         }
     }
 
@@ -76,6 +80,7 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
             bypass,
             answer: self.answer,
             deadlines: self.deadlines,
+            qos_headers: self.qos_headers,
         }
     }
 
@@ -91,6 +96,7 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
             bypass: self.bypass,
             answer: self.answer,
             deadlines: self.deadlines,
+            qos_headers: self.qos_headers,
         }
     }
 
@@ -192,6 +198,23 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
         self
     }
 
+    /// Reads each request's priority and tenant (SPEC §8) from the headers
+    /// `headers` names, `x-admission-priority` and `x-admission-tenant` with
+    /// [`QosHeaders::default()`](super::QosHeaders), and sets them as the
+    /// request's [`Priority`](super::Priority) and
+    /// [`Tenant`](crate::Tenant) extensions before admission, replacing any
+    /// an earlier layer set. A malformed header is ignored: priority 0, no
+    /// tenant, unless an earlier layer said otherwise. Off by default:
+    /// without it the layer still honours the extensions, set by a
+    /// [`QosLayer`](super::QosLayer) or your own middleware.
+    ///
+    /// Take these headers from a trusted router only, never straight from
+    /// end users: a client that sets its own priority jumps the queue.
+    pub fn qos_headers(mut self, headers: QosHeaders) -> Self {
+        self.qos_headers = Some(headers);
+        self
+    }
+
     /// The gate requests are admitted through.
     pub fn gate(&self) -> &Gate {
         &self.gate
@@ -210,6 +233,7 @@ impl<S, D: Clone, R: Clone, P: Clone> Layer<S> for AdmissionLayer<D, R, P> {
             bypass: self.bypass.clone(),
             answer: self.answer.clone(),
             deadlines: self.deadlines.clone(),
+            qos_headers: self.qos_headers.clone(),
         }
     }
 }

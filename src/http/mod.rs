@@ -5,7 +5,9 @@
 //! predicate may let it skip the gate, its rank is read by a
 //! [`RankExtractor`], its cost (for token budgets) from a
 //! [`Cost`](crate::Cost) request extension set by an earlier layer (see
-//! [`OpenAiCostLayer`] and [`CostLayer`]), and the worker's
+//! [`OpenAiCostLayer`] and [`CostLayer`]), its priority and tenant (SPEC
+//! §8) from [`Priority`] and [`Tenant`](crate::Tenant) extensions (see
+//! [`QosHeaders`] and [`QosLayer`]), and the worker's
 //! [`Gate`](crate::Gate) admits it, queues it, or rejects it.
 //!
 //! * **Admitted** requests reach the inner service with two extensions:
@@ -16,9 +18,12 @@
 //!   generated token, when the handler calls [`FirstToken::mark`], or when
 //!   the body ends; its *request* capacity when the body ends, fails, or is
 //!   dropped by a client that went away.
-//! * **Queued** requests wait in the gate's FIFO, outside the inner service.
-//!   Dropping the response future (the client disconnected, a timeout fired)
-//!   cancels them and frees their queue place.
+//! * **Queued** requests wait in the gate's queue (FIFO, unless priorities
+//!   or tenants order it), outside the inner service. Dropping the response
+//!   future (the client disconnected, a timeout fired) cancels them and
+//!   frees their queue place. A queued request displaced from a full queue
+//!   by an arrival of higher priority gets its overload answer at once
+//!   (reason `displaced`).
 //! * **Rejected** requests get an overload answer at once, decided before any
 //!   header is sent:
 //!   - HTTP: status `529 Site is overloaded` (configurable with
@@ -149,6 +154,7 @@ mod deadline;
 mod first_token;
 mod future;
 mod layer;
+mod qos;
 mod rank;
 mod reject;
 mod service;
@@ -164,6 +170,7 @@ pub use self::cost::{
 pub use self::first_token::FirstToken;
 pub use self::future::ResponseFuture;
 pub use self::layer::AdmissionLayer;
+pub use self::qos::{Priority, Qos, QosExtractor, QosHeaders, QosLayer, SetQos};
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
 pub use self::reject::{REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};
 pub use self::service::{Admission, Admitted};

@@ -18,8 +18,8 @@ pub const REJECTION_SCOPE: HeaderName = HeaderName::from_static("x-admission-rej
 /// rejections.
 pub const REJECTED_RANK: HeaderName = HeaderName::from_static("x-admission-rank");
 
-/// Response header naming why the request was rejected: `queue_full` or
-/// `deadline`.
+/// Response header naming why the request was rejected: `queue_full`,
+/// `deadline` or `displaced`.
 pub const REJECTION_REASON: HeaderName = HeaderName::from_static("x-admission-rejection-reason");
 
 /// gRPC `DEADLINE_EXCEEDED`: the answer when the client's own deadline

@@ -13,6 +13,7 @@ use super::bypass::{Bypass, NoBypass};
 use super::deadline::RequestDeadlines;
 use super::first_token::Held;
 use super::future::Deferred;
+use super::qos::{QosHeaders, qos_of, set_qos};
 use super::reject::OverloadAnswer;
 use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
 use crate::detect::{Auto, FirstTokenDetector};
@@ -59,6 +60,7 @@ pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass> {
     pub(super) bypass: P,
     pub(super) answer: OverloadAnswer,
     pub(super) deadlines: RequestDeadlines,
+    pub(super) qos_headers: Option<QosHeaders>,
 }
 
 impl<S> Admission<S> {
@@ -73,6 +75,7 @@ impl<S> Admission<S> {
             bypass: NoBypass,
             answer: OverloadAnswer::default(),
             deadlines: RequestDeadlines::default(),
+            qos_headers: None,
         }
     }
 }
@@ -121,14 +124,24 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         if self.bypass.bypass(&req) {
             return ResponseFuture::admitted(self.inner.clone(), req, None, self.detector.clone());
         }
+        if let Some(headers) = &self.qos_headers {
+            set_qos(headers, &mut req);
+        }
+        // What earlier layers (and the QoS headers) told about the request,
+        // from its extensions; a request without them is a plain one.
         let cost = req.extensions().get::<Cost>().copied().unwrap_or_default();
+        let (priority, tenant) = qos_of(&req);
         let mut request = Descriptor::new()
             .with_rank(self.rank.rank(&req))
-            .with_cost(cost);
+            .with_cost(cost)
+            .with_priority(priority);
+        if let Some(tenant) = tenant {
+            request = request.with_tenant(tenant);
+        }
         if let Some(deadline) = self.deadlines.of(req.headers()) {
             request = request.with_deadline(deadline);
         }

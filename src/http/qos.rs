@@ -1,0 +1,498 @@
+//! A request's quality of service (SPEC §8): its [`Priority`] and its
+//! [`Tenant`], request extensions the admission layer reads into the
+//! request's [`Descriptor`](crate::Descriptor), the way it reads the
+//! [`Cost`](crate::Cost).
+//!
+//! One seam: whatever decides a request's priority and tenant puts them in
+//! the request's extensions before admission, and [`Admission`](super::Admission)
+//! takes them from there. A request with neither is priority 0, no tenant:
+//! the gate's plain FIFO. Three ways to put them there:
+//!
+//! * [`AdmissionLayer::qos_headers`](super::AdmissionLayer::qos_headers)
+//!   with [`QosHeaders`]: the admission layer reads `x-admission-priority`
+//!   and `x-admission-tenant` (or headers you name) itself;
+//! * [`QosLayer`] with [`QosHeaders`] or a closure, outside (before) the
+//!   admission layer;
+//! * any middleware or router of your own that inserts a [`Priority`] or a
+//!   [`Tenant`] extension.
+//!
+//! **Take them from a trusted router only.** A client that may set its own
+//! priority can put itself ahead of everyone, and one that picks its tenant
+//! can claim someone else's share. Have the router strip whatever the
+//! client sent and set these headers itself, or decide them in your own
+//! middleware from an authenticated identity.
+//!
+//! Malformed values are ignored, as a malformed rank is: a request whose
+//! priority header is not one decimal integer gets priority 0, one whose
+//! tenant header is not one UTF-8 name of at most
+//! [`QosHeaders::MAX_TENANT_BYTES`] bytes gets no tenant. Neither is ever an
+//! error answer.
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use tower_admission::http::QosHeaders;
+//! use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
+//!
+//! let gate = Gate::new(AdmissionConfig::new().tenant_weight("chat", 4));
+//! let app: Router = Router::new()
+//!     .route("/v1/chat/completions", post(|| async { "…" }))
+//!     .route_layer(AdmissionLayer::new(gate).qos_headers(QosHeaders::default()));
+//! # let _ = app;
+//! ```
+
+use std::fmt;
+use std::task::{Context, Poll};
+
+use http::{HeaderName, HeaderValue, Request};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::Tenant;
+
+/// A request extension holding the request's priority (SPEC §8): higher is
+/// served first, 0 by default, negative marks sheddable work. Read by
+/// [`Admission`](super::Admission) into the request's
+/// [`Descriptor`](crate::Descriptor), with the request's [`Tenant`]
+/// extension.
+///
+/// ```
+/// use tower_admission::Tenant;
+/// use tower_admission::http::Priority;
+///
+/// let mut req = http::Request::new(());
+/// // Set by a trusted router or an inner layer, never from what the client says.
+/// req.extensions_mut().insert(Priority(5));
+/// req.extensions_mut().insert(Tenant::new("chat"));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Priority(pub i32);
+
+/// What an extractor found out about a request's quality of service: its
+/// priority and tenant, each `None` when it could not tell.
+///
+/// ```
+/// use tower_admission::Tenant;
+/// use tower_admission::http::Qos;
+///
+/// let qos = Qos::new().with_priority(5).with_tenant(Tenant::new("chat"));
+/// assert_eq!(qos.priority, Some(5));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Qos {
+    /// The request's priority, if known.
+    pub priority: Option<i32>,
+    /// The request's tenant, if known.
+    pub tenant: Option<Tenant>,
+}
+
+impl Qos {
+    /// Nothing known: priority 0, no tenant.
+    pub const fn new() -> Self {
+        Qos {
+            priority: None,
+            tenant: None,
+        }
+    }
+
+    /// The same, at `priority`.
+    pub const fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// The same, served as `tenant`.
+    pub const fn with_tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = Some(tenant);
+        self
+    }
+
+    /// Inserts what is known as [`Priority`] and [`Tenant`] extensions of
+    /// `req`, replacing any there; what is unknown leaves them as they are.
+    fn insert_into<B>(self, req: &mut Request<B>) {
+        if let Some(priority) = self.priority {
+            req.extensions_mut().insert(Priority(priority));
+        }
+        if let Some(tenant) = self.tenant {
+            req.extensions_mut().insert(tenant);
+        }
+    }
+}
+
+/// Reads a request's priority and tenant, for [`QosLayer`].
+///
+/// Closures `Fn(&Request<B>) -> Qos` are extractors too:
+///
+/// ```
+/// use tower_admission::Tenant;
+/// use tower_admission::http::{Qos, QosLayer};
+///
+/// // Batch traffic is sheddable, and one tenant.
+/// let layer = QosLayer::new(|req: &http::Request<axum::body::Body>| {
+///     if req.uri().path().starts_with("/batch/") {
+///         Qos::new().with_priority(-1).with_tenant(Tenant::new("batch"))
+///     } else {
+///         Qos::new()
+///     }
+/// });
+/// # let _ = layer;
+/// ```
+pub trait QosExtractor<B> {
+    /// What `req` says about its priority and tenant. Must not panic,
+    /// whatever the request carries.
+    fn qos(&self, req: &Request<B>) -> Qos;
+}
+
+impl<B, F> QosExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Qos,
+{
+    fn qos(&self, req: &Request<B>) -> Qos {
+        self(req)
+    }
+}
+
+/// Reads the priority and the tenant from request headers set by a
+/// trusted router: by default `x-admission-priority` and
+/// `x-admission-tenant`.
+///
+/// * The priority must be exactly one header holding a decimal integer
+///   that fits an `i32`: ASCII digits, optionally after a `-`. Anything
+///   else — no header, an empty value, a `+`, spaces inside, a number out
+///   of range, non-ASCII bytes, the header repeated (even with equal
+///   values) — leaves the priority unknown (0), as a malformed rank leaves
+///   a request unranked.
+/// * The tenant is exactly one header holding a name: valid UTF-8, not
+///   empty, at most [`MAX_TENANT_BYTES`](Self::MAX_TENANT_BYTES) bytes, no
+///   control characters. Anything else leaves the request without a
+///   tenant. The name is hashed into a [`Tenant`]; weights configured by
+///   name ([`AdmissionConfig::tenant_weight`](crate::AdmissionConfig::tenant_weight))
+///   apply to it.
+///
+/// The headers must be set by a trusted router, which should remove any
+/// copy sent by the client: an end user who sets their own priority jumps
+/// the queue, and one who names a tenant takes its share.
+///
+/// ```
+/// use tower_admission::http::QosHeaders;
+///
+/// let headers = QosHeaders::default()
+///     .priority_header("x-priority")
+///     .tenant_header("x-org-id");
+/// # let _ = headers;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QosHeaders {
+    priority: HeaderName,
+    tenant: HeaderName,
+}
+
+impl QosHeaders {
+    /// The header read for the priority by default.
+    pub const DEFAULT_PRIORITY_NAME: &'static str = "x-admission-priority";
+    /// The header read for the tenant by default.
+    pub const DEFAULT_TENANT_NAME: &'static str = "x-admission-tenant";
+    /// The longest tenant name read, in bytes; a longer one is ignored.
+    pub const MAX_TENANT_BYTES: usize = 256;
+
+    /// Reads the priority from header `name` (a `&str`, `String` or
+    /// [`HeaderName`]) instead.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name: header names are
+    /// configuration, so this is a programming error, found at startup.
+    pub fn priority_header<N>(mut self, name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Debug,
+    {
+        self.priority = name
+            .try_into()
+            .expect("QosHeaders::priority_header: not a valid header name");
+        self
+    }
+
+    /// Reads the tenant from header `name` instead.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name.
+    pub fn tenant_header<N>(mut self, name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Debug,
+    {
+        self.tenant = name
+            .try_into()
+            .expect("QosHeaders::tenant_header: not a valid header name");
+        self
+    }
+
+    /// The header read for the priority.
+    pub fn priority_name(&self) -> &HeaderName {
+        &self.priority
+    }
+
+    /// The header read for the tenant.
+    pub fn tenant_name(&self) -> &HeaderName {
+        &self.tenant
+    }
+}
+
+impl Default for QosHeaders {
+    fn default() -> Self {
+        QosHeaders {
+            priority: HeaderName::from_static(Self::DEFAULT_PRIORITY_NAME),
+            tenant: HeaderName::from_static(Self::DEFAULT_TENANT_NAME),
+        }
+    }
+}
+
+impl<B> QosExtractor<B> for QosHeaders {
+    fn qos(&self, req: &Request<B>) -> Qos {
+        let headers = req.headers();
+        let single = |name: &HeaderName| {
+            let mut values = headers.get_all(name).iter();
+            let value = values.next()?;
+            values.next().is_none().then_some(value)
+        };
+        Qos {
+            priority: single(&self.priority).and_then(parse_priority),
+            tenant: single(&self.tenant).and_then(parse_tenant),
+        }
+    }
+}
+
+/// A priority is an optional `-` and one or more ASCII digits that fit an
+/// `i32`; nothing else.
+fn parse_priority(value: &HeaderValue) -> Option<i32> {
+    let bytes = value.as_bytes();
+    let (negative, digits) = match bytes.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, bytes),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    // Accumulated negatively so that i32::MIN fits.
+    let magnitude = digits.iter().try_fold(0i32, |sum, &byte| {
+        if !byte.is_ascii_digit() {
+            return None;
+        }
+        sum.checked_mul(10)?.checked_sub(i32::from(byte - b'0'))
+    })?;
+    if negative {
+        Some(magnitude)
+    } else {
+        magnitude.checked_neg()
+    }
+}
+
+/// A tenant is a UTF-8 name of 1 to [`QosHeaders::MAX_TENANT_BYTES`] bytes
+/// without control characters.
+fn parse_tenant(value: &HeaderValue) -> Option<Tenant> {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > QosHeaders::MAX_TENANT_BYTES {
+        return None;
+    }
+    let name = std::str::from_utf8(bytes).ok()?;
+    if name.chars().any(char::is_control) {
+        return None;
+    }
+    Some(Tenant::new(name))
+}
+
+/// Sets each request's [`Priority`] and [`Tenant`] extensions with a
+/// [`QosExtractor`]; goes outside (before) the admission layer. What the
+/// extractor cannot tell leaves the extensions as they were.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use tower_admission::http::{QosHeaders, QosLayer};
+/// use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
+///
+/// let gate = Gate::new(AdmissionConfig::new());
+/// let app: Router = Router::new()
+///     .route("/v1/chat/completions", post(|| async { "…" }))
+///     .route_layer(AdmissionLayer::new(gate))
+///     // Added last, so it runs first.
+///     .route_layer(QosLayer::new(QosHeaders::default()));
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone)]
+pub struct QosLayer<E> {
+    extractor: E,
+}
+
+impl<E> QosLayer<E> {
+    /// A layer that asks `extractor` for each request's priority and
+    /// tenant.
+    pub fn new(extractor: E) -> Self {
+        QosLayer { extractor }
+    }
+}
+
+impl<S, E: Clone> Layer<S> for QosLayer<E> {
+    type Service = SetQos<S, E>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SetQos {
+            inner,
+            extractor: self.extractor.clone(),
+        }
+    }
+}
+
+/// The service of [`QosLayer`].
+#[derive(Debug, Clone)]
+pub struct SetQos<S, E> {
+    inner: S,
+    extractor: E,
+}
+
+impl<S, E, B> Service<Request<B>> for SetQos<S, E>
+where
+    S: Service<Request<B>>,
+    E: QosExtractor<B>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        set_qos(&self.extractor, &mut req);
+        self.inner.call(req)
+    }
+}
+
+/// Sets `req`'s [`Priority`] and [`Tenant`] extensions from what
+/// `extractor` finds: the one place both [`SetQos`] and the admission
+/// layer's own [`QosHeaders`] go through.
+pub(crate) fn set_qos<B>(extractor: &impl QosExtractor<B>, req: &mut Request<B>) {
+    extractor.qos(req).insert_into(req);
+}
+
+/// The priority and tenant in `req`'s extensions: priority 0 and no tenant
+/// unless set.
+pub(crate) fn qos_of<B>(req: &Request<B>) -> (i32, Option<Tenant>) {
+    let extensions = req.extensions();
+    let priority = extensions
+        .get::<Priority>()
+        .map_or(0, |priority| priority.0);
+    (priority, extensions.get::<Tenant>().copied())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(name: &'static str, values: &[&[u8]]) -> Request<()> {
+        let mut req = Request::new(());
+        for value in values {
+            req.headers_mut()
+                .append(name, HeaderValue::from_bytes(value).unwrap());
+        }
+        req
+    }
+
+    fn priority_of(values: &[&[u8]]) -> Option<i32> {
+        QosHeaders::default()
+            .qos(&with(QosHeaders::DEFAULT_PRIORITY_NAME, values))
+            .priority
+    }
+
+    fn tenant_of(values: &[&[u8]]) -> Option<Tenant> {
+        QosHeaders::default()
+            .qos(&with(QosHeaders::DEFAULT_TENANT_NAME, values))
+            .tenant
+    }
+
+    #[test]
+    fn a_single_decimal_integer_is_the_priority() {
+        assert_eq!(priority_of(&[b"0"]), Some(0));
+        assert_eq!(priority_of(&[b"5"]), Some(5));
+        assert_eq!(priority_of(&[b"-1"]), Some(-1));
+        assert_eq!(priority_of(&[b"007"]), Some(7));
+        assert_eq!(priority_of(&[b"-0"]), Some(0));
+        assert_eq!(priority_of(&[b"2147483647"]), Some(i32::MAX));
+        assert_eq!(priority_of(&[b"-2147483648"]), Some(i32::MIN));
+    }
+
+    #[test]
+    fn anything_but_one_plain_integer_leaves_the_priority_unknown() {
+        for values in [
+            &[][..],
+            &[b"".as_slice()][..],
+            &[b"-"],
+            &[b"+1"],
+            &[b"--1"],
+            &[b"1 2"],
+            &[b" 1"],
+            &[b"1.0"],
+            &[b"0x1"],
+            &[b"high"],
+            &[b"2147483648"],
+            &[b"-2147483649"],
+            &[b"99999999999999999999999999"],
+            &[b"\xff\xfe"],
+            &[b"1\x80"],
+            &[b"1", b"1"],
+            &[b"1", b"2"],
+        ] {
+            assert_eq!(priority_of(values), None, "{values:?}");
+        }
+    }
+
+    #[test]
+    fn a_single_utf8_name_is_the_tenant() {
+        assert_eq!(tenant_of(&[b"acme"]), Some(Tenant::new("acme")));
+        assert_eq!(
+            tenant_of(&["caf\u{e9}".as_bytes()]),
+            Some(Tenant::new("caf\u{e9}"))
+        );
+        let longest = vec![b'a'; QosHeaders::MAX_TENANT_BYTES];
+        assert!(tenant_of(&[&longest]).is_some());
+    }
+
+    #[test]
+    fn anything_but_one_plain_name_leaves_no_tenant() {
+        let overlong = vec![b'a'; QosHeaders::MAX_TENANT_BYTES + 1];
+        for values in [
+            &[][..],
+            &[b"".as_slice()][..],
+            &[b"\xff\xfe"],
+            &[b"acme\xc3"],
+            &[b"a\tb"],
+            &[&overlong],
+            &[b"acme", b"acme"],
+            &[b"acme", b"globex"],
+        ] {
+            assert_eq!(tenant_of(values), None, "{values:?}");
+        }
+    }
+
+    #[test]
+    fn header_names_are_configurable_and_extensions_default_to_priority_0() {
+        let headers = QosHeaders::default()
+            .priority_header("X-Prio")
+            .tenant_header("x-org");
+        let mut req = Request::builder()
+            .header("x-prio", "3")
+            .header("x-org", "acme")
+            .header(QosHeaders::DEFAULT_PRIORITY_NAME, "9")
+            .body(())
+            .unwrap();
+        assert_eq!(qos_of(&req), (0, None));
+        set_qos(&headers, &mut req);
+        assert_eq!(qos_of(&req), (3, Some(Tenant::new("acme"))));
+        // A malformed header leaves what an earlier layer set.
+        req.headers_mut().insert("x-prio", "high".parse().unwrap());
+        set_qos(&headers, &mut req);
+        assert_eq!(req.extensions().get::<Priority>(), Some(&Priority(3)));
+    }
+}
