@@ -15,6 +15,21 @@
 //! the `x-data-parallel-rank` header. `/metrics` and `/health` sit outside
 //! the gate: an overloaded worker still answers its probes.
 //!
+//! Quality of service (SPEC §8): a request's priority comes from the
+//! `x-admission-priority` header (an integer, higher first, default 0) and
+//! its tenant from `x-admission-tenant`; `--priority-bands`,
+//! `--tenant-weight NAME=WEIGHT` and `--aging-interval-ms` configure the
+//! queue discipline. In production these headers belong to a trusted router
+//! that strips the client's own copies.
+//!
+//! ```text
+//! cargo run --example openai_server --features sim,clap -- --max-num-seqs 1 \
+//!   --tenant-weight chat=4 --aging-interval-ms 2000
+//! curl localhost:8000/v1/chat/completions -H 'content-type: application/json' \
+//!   -H 'x-admission-priority: 5' -H 'x-admission-tenant: chat' \
+//!   -d '{"model":"sim","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}'
+//! ```
+//!
 //! ```text
 //! curl -N localhost:8000/v1/chat/completions -H 'content-type: application/json' \
 //!   -d '{"model":"sim","messages":[{"role":"user","content":"Hi"}],"stream":true,"max_tokens":8}'
@@ -59,7 +74,10 @@ use tower_admission::detect::OpenAiSse;
 use tower_admission::http::FirstToken;
 use tower_admission::http::OpenAiCostLayer;
 use tower_admission::sim::{Request as EngineRequest, SimEngine, SubmitError, TokenStream};
-use tower_admission::{AdmissionArgs, AdmissionLayer, Admitted, Gate, RankExtractor, RankHeader};
+use tower_admission::{
+    AdmissionArgs, AdmissionConfig, AdmissionLayer, Admitted, Gate, QosHeaders, RankExtractor,
+    RankHeader,
+};
 
 use common::{EngineArgs, Plan};
 
@@ -92,6 +110,38 @@ struct Args {
     /// source system's names)
     #[arg(long, value_name = "PREFIX", default_value = tower_admission::metrics::DEFAULT_PREFIX)]
     metrics_prefix: String,
+}
+
+/// The QoS part of the startup banner: where priority and tenant come
+/// from, and the settings of the queue discipline.
+fn describe_qos(config: &AdmissionConfig) -> String {
+    let aging = config.explicit_aging_interval().map_or_else(
+        || "off".to_owned(),
+        |interval| format!("{} ms", interval.as_millis()),
+    );
+    let bands = match config.explicit_priority_bands() {
+        [] => "every priority".to_owned(),
+        bands => bands
+            .iter()
+            .map(i32::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    };
+    let weights: Vec<String> = config
+        .tenant_weights()
+        .map(|(tenant, weight)| format!("{tenant}={weight}"))
+        .collect();
+    let weights = if weights.is_empty() {
+        "all 1".to_owned()
+    } else {
+        weights.join(",")
+    };
+    format!(
+        "qos: priority from {}, tenant from {}; priority bands {bands}; tenant weights {weights}; \
+         aging interval {aging}",
+        QosHeaders::DEFAULT_PRIORITY_NAME,
+        QosHeaders::DEFAULT_TENANT_NAME,
+    )
 }
 
 fn overload_status(raw: &str) -> Result<StatusCode, String> {
@@ -189,6 +239,7 @@ async fn main() -> ExitCode {
             .admission
             .resolve()
             .metrics_prefix(&args.metrics_prefix);
+        let qos = describe_qos(&config);
         let gate = Gate::new(config);
         engine.report_to(&gate);
         let limits = gate.limits();
@@ -199,6 +250,7 @@ async fn main() -> ExitCode {
                 AdmissionLayer::new(gate)
                     .detector(OpenAiSse::default())
                     .rank(rank)
+                    .qos_headers(QosHeaders::default())
                     .overload_status(args.overload_status),
             )
             // Outside admission, so each request's prompt and output tokens
@@ -209,7 +261,7 @@ async fn main() -> ExitCode {
         format!(
             "admission: per rank engine request limit {}, engine request waiting limit {}, \
              request queue limit {}; overload status {}; metrics prefix {}; \
-             token limits: engine waiting {}, engine {}, queue {}",
+             token limits: engine waiting {}, engine {}, queue {}; {qos}",
             limits.engine_request_limit,
             limits.engine_request_waiting_limit,
             limits.request_queue_limit,
