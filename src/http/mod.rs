@@ -7,7 +7,8 @@
 //! [`Cost`](crate::Cost) request extension set by an earlier layer (see
 //! [`OpenAiCostLayer`] and [`CostLayer`]), its priority and tenant (SPEC
 //! §8) from [`Priority`] and [`Tenant`](crate::Tenant) extensions (see
-//! [`QosHeaders`] and [`QosLayer`]), and the worker's
+//! [`QosHeaders`] and [`QosLayer`]; take them from a trusted router only),
+//! and the worker's
 //! [`Gate`](crate::Gate) admits it, queues it, or rejects it.
 //!
 //! * **Admitted** requests reach the inner service with two extensions:
