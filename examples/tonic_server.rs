@@ -20,7 +20,9 @@
 //! `ServerStreamingService` served through `tonic::server::Grpc`), so no
 //! `protoc` is needed. The gate's waiting capacity ends at the first
 //! streamed message ([`Grpc`] detector); the rank comes from the
-//! `x-data-parallel-rank` metadata. A rejected call gets a trailers-only
+//! `x-data-parallel-rank` metadata, the priority and tenant (SPEC §8) from
+//! `x-admission-priority` and `x-admission-tenant`, as the OpenAI example's
+//! headers. A rejected call gets a trailers-only
 //! `UNAVAILABLE`, never an HTTP 529 that a gRPC client would read as
 //! `UNKNOWN`.
 //!
@@ -66,7 +68,7 @@ use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
 use tower_admission::detect::Grpc;
 use tower_admission::sim::{Request as EngineRequest, SimEngine};
-use tower_admission::{AdmissionArgs, AdmissionLayer, Gate, RankExtractor, RankHeader};
+use tower_admission::{AdmissionArgs, AdmissionLayer, Gate, QosHeaders, RankExtractor, RankHeader};
 
 use common::EngineArgs;
 
@@ -313,6 +315,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         let layer = AdmissionLayer::new(gate)
             .detector(Grpc::default())
             .rank(rank)
+            .qos_headers(QosHeaders::default())
             // A call whose own deadline passes while it waits in the queue
             // is answered DEADLINE_EXCEEDED at once.
             .grpc_timeout();
