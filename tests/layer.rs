@@ -1085,6 +1085,20 @@ async fn priority_and_tenant_extensions_set_by_an_earlier_layer_are_honoured() {
 }
 
 #[tokio::test]
+async fn a_qos_layer_of_headers_in_front_of_admission_orders_the_queue_too() {
+    let gate = gate(1, 10);
+    let qos = QosLayer::new(QosHeaders::default().priority_header("x-prio"));
+    let admission = AdmissionLayer::new(gate.clone());
+    let layer = tower::layer::layer_fn(move |inner| qos.layer(admission.layer(inner)));
+    let requests = [("/low", "-2"), ("/plain", ""), ("/high", "2")]
+        .into_iter()
+        .map(|(path, priority)| with_headers(path, &[("x-prio", priority)]))
+        .collect();
+    let (order, _) = served(&gate, layer, requests).await;
+    assert_eq!(order, ["/high", "/plain", "/low"]);
+}
+
+#[tokio::test]
 async fn the_inner_service_sees_the_priority_and_tenant_it_was_admitted_with() {
     let gate = gate(1, 0);
     let (inner, mut handle) = mock::pair::<Request<()>, Response<Body>>();
