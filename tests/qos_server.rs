@@ -250,6 +250,28 @@ async fn tenants_of_one_priority_take_turns() {
 }
 
 #[tokio::test]
+async fn a_tenant_weight_from_the_command_line_gives_that_tenant_more_turns() {
+    let server = one_at_a_time(8, &["--tenant-weight", "x=3"], &[]);
+    let client = Client::new(&server);
+    let running = client.hold().await;
+    let mut answers = Vec::new();
+    for (queued, label) in ["X1", "X2", "X3", "X4"].into_iter().enumerate() {
+        answers.push(client.enqueue(label, &tenant("x"), queued + 1).await);
+    }
+    for (queued, label) in ["Y1", "Y2"].into_iter().enumerate() {
+        answers.push(client.enqueue(label, &tenant("y"), queued + 5).await);
+    }
+    drop(running);
+    // Weighing 3, x's requests start a third of a turn apart, y's a whole
+    // turn: Y2 waits until X2..X4 have had theirs (equal weights serve it
+    // before X3, as above).
+    assert_eq!(
+        order_of_service(answers).await,
+        ["X1", "Y1", "X2", "X3", "X4", "Y2"]
+    );
+}
+
+#[tokio::test]
 async fn a_full_queue_gives_its_newest_low_priority_place_to_a_higher_priority_arrival() {
     let server = one_at_a_time(3, &[], &[]);
     let client = Client::new(&server);
