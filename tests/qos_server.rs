@@ -163,14 +163,29 @@ impl Client {
     }
 
     /// Requests waiting in the gate's queue, from `/metrics`: the sum of
-    /// the queue count's series.
+    /// the queue count's series per `dp_rank` (or, should there be only
+    /// series per `priority` band too, of those).
     async fn queued(&self) -> usize {
         let response = within(self.http.get(format!("{}/metrics", self.url)).send())
             .await
             .unwrap();
         let text = within(response.text()).await.unwrap();
-        text.lines()
+        let series: Vec<&str> = text
+            .lines()
             .filter(|line| line.starts_with("admission_request_queue_count{"))
+            .collect();
+        let per_rank: Vec<&str> = series
+            .iter()
+            .copied()
+            .filter(|line| !line.contains("priority="))
+            .collect();
+        let counted = if per_rank.is_empty() {
+            series
+        } else {
+            per_rank
+        };
+        counted
+            .iter()
             .map(|line| line.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
             .sum::<f64>() as usize
     }
@@ -269,6 +284,22 @@ async fn a_tenant_weight_from_the_command_line_gives_that_tenant_more_turns() {
         order_of_service(answers).await,
         ["X1", "Y1", "X2", "X3", "X4", "Y2"]
     );
+}
+
+#[tokio::test]
+async fn priorities_within_one_configured_band_are_served_first_come_first_served() {
+    let server = one_at_a_time(8, &["--priority-bands", "0,10"], &[]);
+    let client = Client::new(&server);
+    let running = client.hold().await;
+    let answers = vec![
+        client.enqueue("P0", &priority("0"), 1).await,
+        client.enqueue("P5", &priority("5"), 2).await,
+        client.enqueue("P10", &priority("10"), 3).await,
+        client.enqueue("P9", &priority("9"), 4).await,
+    ];
+    drop(running);
+    // Band 10, then band 0 (priorities 0 to 9) in arrival order.
+    assert_eq!(order_of_service(answers).await, ["P10", "P0", "P5", "P9"]);
 }
 
 #[tokio::test]
