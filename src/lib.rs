@@ -50,7 +50,7 @@
 //! | `http` | yes | the Tower layer, the overload answers, the detectors |
 //! | `hyper` | yes | the `Site is overloaded` reason phrase on HTTP/1 |
 //! | `metrics` | yes | the series of the `metrics` module, through the `metrics` facade |
-//! | `clap` | no | `AdmissionArgs`, the three admission flags for a server's CLI |
+//! | `clap` | no | `AdmissionArgs`, the admission flags for a server's CLI |
 //! | `tonic` | no | `Admission` is a tonic `NamedService` when the service it wraps is one |
 //! | `sim` | no | a simulated continuous-batching engine, workloads and the overload sweep |
 //!
