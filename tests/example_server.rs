@@ -25,19 +25,8 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio::time::timeout;
 
-use support::{PATIENCE, Process, Server};
-
-/// Tokens that take the simulated engine far longer than any test (~6 ms a
-/// token): a request asking for them stays in flight until dropped.
-const FOREVER: u64 = 900_000;
-
-async fn within<F: Future>(future: F) -> F::Output {
-    timeout(PATIENCE, future)
-        .await
-        .expect("timed out waiting for the server")
-}
+use support::{FOREVER, PATIENCE, Process, Server, within};
 
 /// A whole HTTP answer.
 #[derive(Debug)]

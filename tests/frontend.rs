@@ -19,13 +19,10 @@ mod support;
 #[path = "support/frontend.rs"]
 mod fleet;
 
-use std::future::Future;
-
 use serde_json::json;
-use tokio::time::timeout;
 
 use fleet::{Frontend, Scrape, scrape};
-use support::{PATIENCE, Server};
+use support::{Server, within};
 
 /// Requests in the burst.
 const BURST: usize = 24;
@@ -33,12 +30,6 @@ const BURST: usize = 24;
 /// Long enough (about 2.4 s at `--time-scale 4`) that the whole burst
 /// arrives while the first requests still run.
 const MAX_TOKENS: u64 = 100;
-
-async fn within<F: Future>(future: F) -> F::Output {
-    timeout(PATIENCE, future)
-        .await
-        .expect("timed out waiting for an answer")
-}
 
 /// Two workers with room for the whole burst between them (4 running and
 /// 12 queued each) and a tiny one.

@@ -5,14 +5,11 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use support::Process;
+use support::{Process, within};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-
-const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Builds the minimal examples with the default features (as `cargo run
 /// --example …` does) and returns the binary of `name`.
@@ -63,12 +60,6 @@ fn start(name: &str) -> (Process, String) {
             .flatten()
     });
     (process, url)
-}
-
-async fn within<F: std::future::Future>(future: F) -> F::Output {
-    tokio::time::timeout(PATIENCE, future)
-        .await
-        .expect("timed out waiting for the example")
 }
 
 #[tokio::test]

@@ -53,7 +53,7 @@ use tower_admission::sizing::{Estimate, Sampler};
 use tower_admission::{AdmissionConfig, Counts, EngineCapacity, Gate, Snapshot, Tally};
 
 use exposition::Exposition;
-use support::{PATIENCE, Process, Server};
+use support::{FOREVER, PATIENCE, Process, Server};
 
 /// The prefix the rules, the documentation and the dashboard are written
 /// for.
@@ -603,10 +603,6 @@ fn sample_value(pair: &Value) -> f64 {
 
 // ---------------------------------------------------------------------------
 // Load on the example server
-
-/// Tokens that take the simulated engine far longer than the test: a
-/// request asking for them streams until dropped.
-const FOREVER: u64 = 900_000;
 
 fn chat(max_tokens: u64) -> Value {
     json!({

@@ -20,24 +20,12 @@
 
 mod support;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
-use tokio::time::timeout;
 
-use support::{PATIENCE, Server};
-
-/// Tokens that take the simulated engine far longer than any test: a
-/// request asking for them runs until its client goes away.
-const FOREVER: u64 = 900_000;
-
-async fn within<F: Future>(future: F) -> F::Output {
-    timeout(PATIENCE, future)
-        .await
-        .expect("timed out waiting for the server")
-}
+use support::{FOREVER, PATIENCE, Server, within};
 
 /// A server that runs one request at a time, with `queue` queue places.
 fn one_at_a_time(queue: usize, more: &[&str], env: &[(&str, &str)]) -> Server {

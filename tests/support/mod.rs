@@ -17,8 +17,21 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a child may take to print its address, or to exit.
+/// How long a child may take to print its address, or to exit, and a test
+/// to wait for any one answer.
 pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Output tokens that take the simulated engine far longer than any test
+/// (~6 ms a token): a request asking for them stays in flight until its
+/// client goes away.
+pub const FOREVER: u64 = 900_000;
+
+/// Awaits `future`, failing the test if it takes longer than [`PATIENCE`].
+pub async fn within<F: std::future::Future>(future: F) -> F::Output {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .unwrap_or_else(|_| panic!("nothing happened within {PATIENCE:?}"))
+}
 
 /// The admission variables of SPEC §5, §7, §8 and §9: cleared in every child, so that the
 /// developer's environment cannot change what a test sees.
