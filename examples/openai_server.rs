@@ -243,10 +243,11 @@ async fn main() -> ExitCode {
         let gate = Gate::new(config);
         engine.report_to(&gate);
         let limits = gate.limits();
-        // One gate for every generation route: `Router::layer` wraps each
-        // route with a clone of the layer, and clones share the gate.
+        // One gate for every generation route: `route_layer` wraps each
+        // route's matched methods with a clone of the layer (clones share
+        // the gate); a 405 or 404 takes no admission capacity.
         router = router
-            .layer(
+            .route_layer(
                 AdmissionLayer::new(gate)
                     .detector(OpenAiSse::default())
                     .rank(rank)
@@ -255,7 +256,7 @@ async fn main() -> ExitCode {
             )
             // Outside admission, so each request's prompt and output tokens
             // are known when the gate weighs it against the token limits.
-            .layer(OpenAiCostLayer::new());
+            .route_layer(OpenAiCostLayer::new());
         let tokens =
             |limit: Option<usize>| limit.map_or_else(|| "off".to_owned(), |n| n.to_string());
         format!(

@@ -389,6 +389,17 @@ async fn a_burst_gets_exactly_the_admissions_queue_places_and_overload_answers_t
     ))
     .await;
     assert_worker_rejection(&answer);
+    // A full worker still answers a wrong method as such: the gate wraps
+    // the routes' methods, not their 405s.
+    let answer = within(
+        client
+            .http
+            .get(format!("{}/v1/chat/completions", client.url))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status(), 405);
 
     let metrics = client.metrics().await;
     let count =
