@@ -23,6 +23,14 @@ const SITE_OVERLOADED: u16 = 529;
 /// gRPC `UNAVAILABLE`, the gate's overload code for gRPC requests.
 const GRPC_UNAVAILABLE: &[u8] = b"14";
 
+/// gRPC `OK`.
+const GRPC_OK: &[u8] = b"0";
+
+/// gRPC `DEADLINE_EXCEEDED`: the gate's answer when the client's own
+/// deadline passed in the queue. The client has given up: not an overload
+/// to retry elsewhere.
+const GRPC_DEADLINE_EXCEEDED: &[u8] = b"4";
+
 /// An overload answer, as read from a response head.
 ///
 /// A response is an overload answer when it is
@@ -30,7 +38,11 @@ const GRPC_UNAVAILABLE: &[u8] = b"14";
 ///   status the worker's gate was configured with: 529, 503, 429…),
 /// - or a `529` or `503` without it (a server or proxy without the gate),
 /// - or a gRPC trailers-only response with `grpc-status: 14`
-///   (`UNAVAILABLE`).
+///   (`UNAVAILABLE`), or with any other error code carrying
+///   `x-admission-rejection-scope` (whatever code the worker's gate was
+///   configured with, e.g. `RESOURCE_EXHAUSTED`) except
+///   `DEADLINE_EXCEEDED`, the answer for a client whose own deadline
+///   passed.
 ///
 /// A request that got such an answer from the gate never reached the engine,
 /// so sending it again elsewhere cannot run it twice.
@@ -62,9 +74,11 @@ impl OverloadAnswer {
     pub fn from_head(status: StatusCode, headers: &HeaderMap) -> Option<OverloadAnswer> {
         let scoped = headers.contains_key(REJECTION_SCOPE);
         if let Some(code) = headers.get(GRPC_STATUS) {
-            // Trailers-only: the status is in the head. Any other code is the
-            // call's own outcome, not an overload.
-            if code.as_bytes() != GRPC_UNAVAILABLE {
+            // Trailers-only: the status is in the head. Other codes are the
+            // call's own outcome, unless the gate says it answered.
+            let code = code.as_bytes();
+            let gate_error = scoped && code != GRPC_OK && code != GRPC_DEADLINE_EXCEEDED;
+            if code != GRPC_UNAVAILABLE && !gate_error {
                 return None;
             }
             let (retry_after, retry_allowed) = match headers.get(GRPC_RETRY_PUSHBACK_MS) {
@@ -301,12 +315,31 @@ mod tests {
         assert!(answer.retry_allowed);
         assert!(head(200, &[("grpc-status", "4")]).is_none());
         assert!(head(200, &[("grpc-status", "0")]).is_none());
+        assert!(head(200, &[("grpc-status", "8")]).is_none());
         let refused = head(
             200,
             &[("grpc-status", "14"), ("grpc-retry-pushback-ms", "-1")],
         )
         .unwrap();
         assert!(!refused.retry_allowed);
+    }
+
+    #[test]
+    fn a_grpc_error_with_the_gates_scope_is_an_overload_unless_the_clients_deadline_passed() {
+        let scoped = |code| {
+            head(
+                200,
+                &[
+                    ("grpc-status", code),
+                    ("x-admission-rejection-scope", "rank"),
+                    ("x-admission-rank", "2"),
+                ],
+            )
+        };
+        // RESOURCE_EXHAUSTED, as `AdmissionLayer::grpc_overload_code(8)`.
+        assert_eq!(scoped("8").unwrap().scope, RejectionScope::Rank(2));
+        assert!(scoped("4").is_none(), "the client's deadline passed");
+        assert!(scoped("0").is_none());
     }
 
     #[test]

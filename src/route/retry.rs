@@ -118,7 +118,9 @@ pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_RETRIES: u32 = 3;
 
 /// A retry policy for overload answers (`529`, `503`, any error status with
-/// the gate's scope header, gRPC `UNAVAILABLE`), for
+/// the gate's scope header, gRPC `UNAVAILABLE` or any gRPC error but
+/// `DEADLINE_EXCEEDED` with the scope header; see
+/// [`OverloadAnswer`](super::OverloadAnswer)), for
 /// `tower::retry::Retry` in front of a balancer of [`Worker`](super::Worker)s (so that
 /// the retry goes to another worker) or of a single upstream.
 ///
