@@ -4,50 +4,17 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use support::{Process, within};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-/// Builds the minimal examples with the default features (as `cargo run
-/// --example …` does) and returns the binary of `name`.
+/// Builds `name` with the default features (as `cargo run --example …`
+/// does) and returns its binary.
 fn built(name: &str) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(cargo);
-    command.arg("build");
-    // Tests live in target/<profile>/deps/: build with the same profile.
-    if let Some(profile) = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.file_name()?.to_owned()))
-        .and_then(|name| name.into_string().ok())
-        .filter(|profile| profile != "debug")
-    {
-        command.args(["--profile", &profile]);
-    }
-    let output = command
-        .args([
-            "--manifest-path",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
-            "--example",
-            name,
-            "--message-format=json-render-diagnostics",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cargo");
-    assert!(
-        output.status.success(),
-        "cargo could not build {name}:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|message| message["target"]["name"] == name && message["executable"].is_string())
-        .map(|message| PathBuf::from(message["executable"].as_str().unwrap()))
-        .unwrap_or_else(|| panic!("cargo built no example {name}"))
+    let mut built = support::cargo_build_examples(None, &[name]).unwrap_or_else(|e| panic!("{e}"));
+    built.remove(name).expect("checked by cargo_build_examples")
 }
 
 /// Starts `name` on a free port; returns it and its `http://` address.

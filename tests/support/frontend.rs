@@ -10,10 +10,9 @@
 #![allow(dead_code)] // each test binary uses part of it
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use crate::support::Process;
+use crate::support::{Process, cargo_build_examples};
 
 /// The path of the frontend example, built (or found up to date) by cargo.
 pub fn frontend_binary() -> PathBuf {
@@ -25,44 +24,10 @@ pub fn frontend_binary() -> PathBuf {
 }
 
 fn build_frontend() -> Result<PathBuf, String> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(cargo);
-    command.args([
-        "build",
-        "--manifest-path",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
-        "--features",
-        "route,sim,clap",
-        "--example",
-        "frontend",
-        "--message-format=json-render-diagnostics",
-    ]);
-    let profile = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.file_name()?.to_owned()))
-        .and_then(|name| name.into_string().ok());
-    if let Some(profile) = profile.filter(|profile| profile != "debug") {
-        command.args(["--profile", &profile]);
-    }
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|error| format!("cannot run cargo to build the frontend: {error}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "cargo could not build the frontend ({}):\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| {
-            message["reason"] == "compiler-artifact" && message["target"]["name"] == "frontend"
-        })
-        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| "cargo reported no frontend executable".to_owned())
+    let mut built = cargo_build_examples(Some("route,sim,clap"), &["frontend"])?;
+    Ok(built
+        .remove("frontend")
+        .expect("checked by cargo_build_examples"))
 }
 
 /// The frontend example, started with `--listen 127.0.0.1:0` and a

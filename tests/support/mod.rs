@@ -66,22 +66,31 @@ pub fn example(name: &str) -> PathBuf {
 }
 
 fn build_examples() -> Result<BTreeMap<String, PathBuf>, String> {
+    cargo_build_examples(Some("sim,clap"), &["openai_server", "tonic_server"])
+}
+
+/// Builds `names` with cargo, with `features` on top of the default ones,
+/// with the profile of the running test (tests live in
+/// `target/<profile>/deps/`, so a `cargo test --release` reuses its
+/// artifacts), and returns each example's executable by name.
+pub fn cargo_build_examples(
+    features: Option<&str>,
+    names: &[&str],
+) -> Result<BTreeMap<String, PathBuf>, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command.args([
         "build",
         "--manifest-path",
         concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
-        "--features",
-        "sim,clap",
-        "--example",
-        "openai_server",
-        "--example",
-        "tonic_server",
         "--message-format=json-render-diagnostics",
     ]);
-    // Tests live in target/<profile>/deps/: build the examples with the
-    // same profile, so that a `cargo test --release` reuses its artifacts.
+    if let Some(features) = features {
+        command.args(["--features", features]);
+    }
+    for name in names {
+        command.args(["--example", name]);
+    }
     let profile = std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.file_name()?.to_owned()))
@@ -92,10 +101,10 @@ fn build_examples() -> Result<BTreeMap<String, PathBuf>, String> {
     let output = command
         .stdin(Stdio::null())
         .output()
-        .map_err(|error| format!("cannot run cargo to build the examples: {error}"))?;
+        .map_err(|error| format!("cannot run cargo to build {names:?}: {error}"))?;
     if !output.status.success() {
         return Err(format!(
-            "cargo could not build the examples ({}):\n{}",
+            "cargo could not build {names:?} ({}):\n{}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
         ));
@@ -117,7 +126,10 @@ fn build_examples() -> Result<BTreeMap<String, PathBuf>, String> {
             }
         }
     }
-    Ok(examples)
+    match names.iter().find(|name| !examples.contains_key(**name)) {
+        Some(missing) => Err(format!("cargo reported no executable for {missing}")),
+        None => Ok(examples),
+    }
 }
 
 /// A child process, killed when dropped; threads collect its stdout and
