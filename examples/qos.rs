@@ -22,7 +22,8 @@ use tower_admission::sim::sweep::Percentile;
 
 const USAGE: &str = "\
 usage: qos [--seed N] [--aging SECONDS] [--wait-limit SECONDS]
-           [--token-budget N] [--out DIR] [--threads N]
+           [--token-budget N] [--max-num-batched-tokens N] [--out DIR]
+           [--threads N]
 
   --seed N           workload seed (default 1)
   --aging S          the QoS rows' aging interval (default 60)
@@ -30,6 +31,9 @@ usage: qos [--seed N] [--aging SECONDS] [--wait-limit SECONDS]
                      the fairness scenario keeps 5)
   --token-budget N   the token-budget row's engine waiting token limit
                      (default 2048)
+  --max-num-batched-tokens N
+                     the simulated engine's chunked-prefill budget per step
+                     (default 2048, vLLM's)
   --out DIR          where to write the plot (default target)
   --threads N        policies simulated in parallel (default: all cores)";
 
@@ -84,6 +88,11 @@ fn parse() -> Result<Options, String> {
             "--aging" => incident.aging_interval = Some(seconds()?),
             "--wait-limit" => incident.queue_wait_limit = seconds()?,
             "--token-budget" => incident.token_budget = count()?,
+            "--batch-load" => incident.traffic[1].load = seconds()?.as_secs_f64(),
+            "--max-num-batched-tokens" => {
+                incident.engine.max_num_batched_tokens = count()?;
+                fairness.engine.max_num_batched_tokens = incident.engine.max_num_batched_tokens;
+            }
             "--out" => out = value.into(),
             "--threads" => {
                 incident.threads = count()?;
@@ -173,12 +182,13 @@ fn incident_report(result: &Evaluation) -> String {
     );
     let _ = writeln!(
         out,
-        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>6} | {:>9} | {:>7} | {:>9} | {:>7} |",
+        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>6} | {:>9} | {:>7} | {:>10} | {:>7} |",
         "policy",
         "chat p50",
         "chat p95",
         "chat p50",
         "chat p95",
+        "chat",
         "chat",
         "batch",
         "batch",
@@ -189,12 +199,13 @@ fn incident_report(result: &Evaluation) -> String {
     );
     let _ = writeln!(
         out,
-        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>6} | {:>9} | {:>7} | {:>9} | {:>7} |",
+        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>6} | {:>9} | {:>7} | {:>10} | {:>7} |",
         "",
         "before",
         "before",
         "after",
         "after",
+        "queue p95",
         "good",
         "good/s",
         "reject",
@@ -205,7 +216,7 @@ fn incident_report(result: &Evaluation) -> String {
     );
     let _ = writeln!(
         out,
-        "|{}|----------:|----------:|----------:|----------:|-------:|---------:|-------:|----------:|--------:|----------:|--------:|",
+        "|{}|----------:|----------:|----------:|----------:|----------:|-------:|---------:|-------:|----------:|--------:|-----------:|--------:|",
         "-".repeat(28)
     );
     for run in &result.runs {
@@ -216,12 +227,13 @@ fn incident_report(result: &Evaluation) -> String {
         let total = result.total_goodput(policy, after_from, after_until);
         let _ = writeln!(
             out,
-            "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>5.0}% | {:>8.1} | {:>5.0}% | {:>9} | {:>6.0}% | {:>9} | {:>7} |",
+            "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>5.0}% | {:>8.1} | {:>5.0}% | {:>9} | {:>6.0}% | {:>10} | {:>7} |",
             policy.name(),
             latency(before.ttft_p50),
             latency(before.ttft_p95),
             latency(chat.ttft_p50),
             latency(chat.ttft_p95),
+            latency(chat.queue_p95),
             100.0 * chat.good as f64 / chat.arrived.max(1) as f64,
             batch.goodput,
             100.0 * batch.rejected as f64 / batch.arrived.max(1) as f64,
@@ -349,9 +361,158 @@ fn fairness_report(result: &Evaluation) -> String {
     out
 }
 
+/// Line colours and strokes, one per policy.
+fn style(policy: Policy) -> (&'static str, &'static str) {
+    match policy {
+        Policy::NoAdmission => ("#d62728", r#"stroke-width="5" stroke-opacity="0.5""#),
+        Policy::Gate => ("#1f77b4", r#"stroke-width="2.5""#),
+        Policy::GateQos => ("#ff7f0e", r#"stroke-width="2.5" stroke-dasharray="8,4""#),
+        Policy::GateQosWaitLimit => ("#9467bd", r#"stroke-width="2""#),
+        Policy::GateQosTokenBudget => ("#2ca02c", r#"stroke-width="2.5""#),
+    }
+}
+
 /// Chat p95 TTFT in 2 s bins of arrival time, one line per policy, on a
-/// log scale; a dashed line where the batch starts.
+/// log scale; dashed lines where the batch starts and at chat's objective.
 fn ttft_plot(result: &Evaluation) -> String {
-    let _ = Policy::ALL;
-    String::new()
+    const WIDTH: f64 = 860.0;
+    const HEIGHT: f64 = 460.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 250.0;
+    const TOP: f64 = 50.0;
+    const BOTTOM: f64 = 60.0;
+    let config = &result.config;
+    let bin = Duration::from_secs(2);
+    let series: Vec<(Policy, Vec<(f64, f64)>)> = result
+        .runs
+        .iter()
+        .map(|run| {
+            let points = result
+                .ttft_series(run.policy, "chat", bin, 0.95)
+                .into_iter()
+                .map(|(from, p)| {
+                    let middle = (from + bin / 2).as_secs_f64();
+                    (middle, p.value.as_secs_f64().max(0.001))
+                })
+                .collect();
+            (run.policy, points)
+        })
+        .collect();
+    let objective = config.traffic[0].slo.ttft.as_secs_f64();
+    let values = series.iter().flat_map(|(_, points)| points.iter().map(|p| p.1));
+    let (low, high) = values.fold((objective, objective), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let y_min = 10f64.powf(low.log10().floor());
+    let y_max = 10f64.powf(high.log10().ceil());
+    let x_max = config.record_until.as_secs_f64();
+    let plot_width = WIDTH - LEFT - RIGHT;
+    let plot_height = HEIGHT - TOP - BOTTOM;
+    let x = |t: f64| LEFT + t / x_max * plot_width;
+    let y = |v: f64| {
+        let scale = (v.log10() - y_min.log10()) / (y_max.log10() - y_min.log10());
+        TOP + plot_height - scale.clamp(0.0, 1.0) * plot_height
+    };
+
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="24" font-size="15" text-anchor="middle">chat p95 TTFT (2 s bins of arrival); batch at {}x from {:?}</text>"#,
+        LEFT + plot_width / 2.0,
+        config.traffic[1].load,
+        config.start_of("batch"),
+    );
+    let mut tick = y_min;
+    while tick <= y_max * 1.0001 {
+        let at = y(tick);
+        let label = if tick < 1.0 {
+            format!("{:.0} ms", tick * 1e3)
+        } else {
+            format!("{tick:.0} s")
+        };
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{LEFT}" y1="{at:.1}" x2="{:.1}" y2="{at:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
+            LEFT + plot_width,
+            LEFT - 8.0,
+            at + 4.0
+        );
+        tick *= 10.0;
+    }
+    let mut second = 0.0;
+    while second <= x_max {
+        let at = x(second);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{at:.1}" y1="{TOP}" x2="{at:.1}" y2="{:.1}" stroke="#eee"/><text x="{at:.1}" y="{:.1}" text-anchor="middle">{second:.0}</text>"##,
+            TOP + plot_height,
+            TOP + plot_height + 18.0
+        );
+        second += 10.0;
+    }
+    let _ = writeln!(
+        svg,
+        r#"<rect x="{LEFT}" y="{TOP}" width="{plot_width}" height="{plot_height}" fill="none" stroke="black"/>"#
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">arrival time (s)</text>"#,
+        LEFT + plot_width / 2.0,
+        HEIGHT - 15.0
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text transform="translate(20 {:.1}) rotate(-90)" text-anchor="middle">chat p95 TTFT (log scale)</text>"#,
+        TOP + plot_height / 2.0
+    );
+    let start = x(config.start_of("batch").as_secs_f64());
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{start:.1}" y1="{TOP}" x2="{start:.1}" y2="{:.1}" stroke="#555" stroke-dasharray="4,4"/><text x="{:.1}" y="{:.1}" fill="#555">batch starts</text>"##,
+        TOP + plot_height,
+        start + 4.0,
+        TOP + 14.0
+    );
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#888" stroke-dasharray="5,4"/>"##,
+        y(objective),
+        LEFT + plot_width
+    );
+    let legend_x = LEFT + plot_width + 20.0;
+    let mut legend_y = TOP + 10.0;
+    for (policy, points) in &series {
+        let (color, stroke) = style(*policy);
+        let line: Vec<String> = points
+            .iter()
+            .map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            r#"<polyline points="{}" fill="none" stroke="{color}" {stroke}/>"#,
+            line.join(" ")
+        );
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="{color}" {stroke}/><text x="{}" y="{}">{}</text>"#,
+            legend_x + 24.0,
+            legend_x + 30.0,
+            legend_y + 4.0,
+            policy.name()
+        );
+        legend_y += 22.0;
+    }
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="#888" stroke-dasharray="5,4"/><text x="{}" y="{}">chat objective ({:?})</text>"##,
+        legend_x + 24.0,
+        legend_x + 30.0,
+        legend_y + 4.0,
+        config.traffic[0].slo.ttft
+    );
+    svg.push_str("</svg>\n");
+    svg
 }

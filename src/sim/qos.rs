@@ -394,6 +394,10 @@ pub struct Slice {
     pub ttft_p50: Option<Percentile>,
     /// 95th percentile of the same.
     pub ttft_p95: Option<Percentile>,
+    /// 95th percentile of the time from arrival to admission of the
+    /// requests not rejected: the part of their TTFT spent in the gate's
+    /// queue (the rest is the engine's: its own queue and prefill).
+    pub queue_p95: Option<Percentile>,
     /// The longest wait for an answer (first token or rejection).
     pub longest_wait: Option<Percentile>,
 }
@@ -431,6 +435,14 @@ impl Evaluation {
             .map(|o| o.wait(run.end))
             .collect();
         let mut waits: Vec<(Duration, bool)> = outcomes.iter().map(|o| o.wait(run.end)).collect();
+        let mut queued: Vec<(Duration, bool)> = outcomes
+            .iter()
+            .filter(|o| o.rejected.is_none())
+            .map(|o| match o.admitted {
+                Some(at) => (at - o.arrival, false),
+                None => (run.end - o.arrival, true),
+            })
+            .collect();
         let good = outcomes.iter().filter(|o| o.good(slo)).count();
         let span = (until - from).as_secs_f64();
         let goodput = good as f64 / span;
@@ -446,6 +458,7 @@ impl Evaluation {
             capacity_fraction: goodput / self.capacities[index],
             ttft_p50: Percentile::of(&mut ttfts, 0.50),
             ttft_p95: Percentile::of(&mut ttfts, 0.95),
+            queue_p95: Percentile::of(&mut queued, 0.95),
             longest_wait: Percentile::of(&mut waits, 1.0),
         }
     }
