@@ -137,6 +137,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     println!("plot: {}", path.display());
+    print!("{}", interference_report(&incident));
+    print!("{}", aging_report(&incident));
 
     let result = qos::run(&fairness);
     print!("{}", fairness_report(&result));
@@ -280,6 +282,101 @@ fn incident_report(result: &Evaluation) -> String {
             mark(total >= TOTAL),
             latency(batch.longest_wait),
             mark(bounded),
+        );
+    }
+    out
+}
+
+/// The batch load against chat's tail and total goodput, with the gate's
+/// best QoS row: what prefill interference inside the engine costs chat
+/// however the gate orders its queue.
+fn interference_report(incident: &QosConfig) -> String {
+    let policy = Policy::GateQosTokenBudget;
+    let batch_start = incident.start_of("batch");
+    let mut out = format!(
+        "\n## Prefill interference: chat's tail against the batch load ({})\n\n",
+        policy.name()
+    );
+    let _ = writeln!(
+        out,
+        "| {:>10} | {:>9} | {:>9} | {:>9} | {:>10} | {:>7} |",
+        "batch load", "chat p95", "chat p95", "x before", "batch", "total"
+    );
+    let _ = writeln!(
+        out,
+        "| {:>10} | {:>9} | {:>9} | {:>9} | {:>10} | {:>7} |",
+        "", "before", "after", "", "good/s", "goodput"
+    );
+    let _ = writeln!(
+        out,
+        "|-----------:|----------:|----------:|----------:|-----------:|--------:|"
+    );
+    for load in [0.05, 0.1, 0.2, 0.5, 1.0, 2.0] {
+        let mut config = incident.clone();
+        config.traffic[1].load = load;
+        config.policies = vec![policy];
+        let result = qos::run(&config);
+        let before = result.slice(policy, "chat", Duration::from_secs(5), batch_start);
+        let after = result.slice(policy, "chat", batch_start, config.record_until);
+        let batch = result.slice(policy, "batch", batch_start, config.record_until);
+        let ratio = match (before.ttft_p95, after.ttft_p95) {
+            (Some(b), Some(a)) => format!("{:.1}x", a.value.as_secs_f64() / b.value.as_secs_f64()),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "| {:>9}x | {:>9} | {:>9} | {:>9} | {:>10.1} | {:>6.0}% |",
+            load,
+            latency(before.ttft_p95),
+            latency(after.ttft_p95),
+            ratio,
+            batch.goodput,
+            100.0 * result.total_goodput(policy, batch_start, config.record_until),
+        );
+    }
+    out
+}
+
+/// The aging interval against chat's tail and the batch's longest wait,
+/// with QoS and the default queue (no wait limit).
+fn aging_report(incident: &QosConfig) -> String {
+    let policy = Policy::GateQos;
+    let batch_start = incident.start_of("batch");
+    let mut out = format!(
+        "\n## Aging: chat's tail against the aging interval ({}, default queue)\n\n",
+        policy.name()
+    );
+    let _ = writeln!(
+        out,
+        "| {:>8} | {:>9} | {:>9} | {:>6} | {:>10} | {:>10} | {:>7} |",
+        "aging", "chat p50", "chat p95", "chat", "batch", "longest", "total"
+    );
+    let _ = writeln!(
+        out,
+        "| {:>8} | {:>9} | {:>9} | {:>6} | {:>10} | {:>10} | {:>7} |",
+        "interval", "after", "after", "good", "good/s", "batch wait", "goodput"
+    );
+    let _ = writeln!(
+        out,
+        "|---------:|----------:|----------:|-------:|-----------:|-----------:|--------:|"
+    );
+    for aging in [None, Some(120), Some(60), Some(30), Some(20), Some(10)] {
+        let mut config = incident.clone();
+        config.aging_interval = aging.map(Duration::from_secs);
+        config.policies = vec![policy];
+        let result = qos::run(&config);
+        let chat = result.slice(policy, "chat", batch_start, config.record_until);
+        let batch = result.slice(policy, "batch", batch_start, config.record_until);
+        let _ = writeln!(
+            out,
+            "| {:>8} | {:>9} | {:>9} | {:>5.0}% | {:>10.1} | {:>10} | {:>6.0}% |",
+            aging.map_or("off".into(), |s| format!("{s} s")),
+            latency(chat.ttft_p50),
+            latency(chat.ttft_p95),
+            100.0 * chat.good as f64 / chat.arrived.max(1) as f64,
+            batch.goodput,
+            latency(batch.longest_wait),
+            100.0 * result.total_goodput(policy, batch_start, config.record_until),
         );
     }
     out
