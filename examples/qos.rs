@@ -392,14 +392,15 @@ fn fairness_report(result: &Evaluation) -> String {
         .collect();
     let mut out = format!(
         "\n## Weighted fairness: tenants a and b at {}x capacity each, weights {} (others 1)\n\n\
-         admissions {from:?}..{until:?}; wait-limit row: {:?}\n\n",
+         admissions {from:?}..{until:?}; wait-limit row: {:?}; reject: of arrivals, any reason; \
+         expired: of arrivals, rejected for the wait limit after waiting in the queue\n\n",
         config.traffic[0].load,
         weights.join(", "),
         config.queue_wait_limit
     );
     let _ = writeln!(
         out,
-        "| {:<26} | {:>10} | {:>10} | {:>9} | {:>10} | {:>10} | {:>9} | {:>8} | {:>8} |",
+        "| {:<26} | {:>10} | {:>10} | {:>9} | {:>10} | {:>10} | {:>9} | {:>8} | {:>8} | {:>9} | {:>9} |",
         "policy",
         "a admitted",
         "b admitted",
@@ -409,10 +410,12 @@ fn fairness_report(result: &Evaluation) -> String {
         "a:b tok",
         "a reject",
         "b reject",
+        "a expired",
+        "b expired",
     );
     let _ = writeln!(
         out,
-        "|{}|-----------:|-----------:|----------:|-----------:|-----------:|----------:|---------:|---------:|",
+        "|{}|-----------:|-----------:|----------:|-----------:|-----------:|----------:|---------:|---------:|----------:|----------:|",
         "-".repeat(28)
     );
     for run in &result.runs {
@@ -423,7 +426,7 @@ fn fairness_report(result: &Evaluation) -> String {
         let b_slice = result.slice(policy, "b", from, until);
         let _ = writeln!(
             out,
-            "| {:<26} | {:>10} | {:>10} | {:>9.2} | {:>10} | {:>10} | {:>9.2} | {:>7.0}% | {:>7.0}% |",
+            "| {:<26} | {:>10} | {:>10} | {:>9.2} | {:>10} | {:>10} | {:>9.2} | {:>7.0}% | {:>7.0}% | {:>8.0}% | {:>8.0}% |",
             policy.name(),
             a.requests,
             b.requests,
@@ -433,6 +436,8 @@ fn fairness_report(result: &Evaluation) -> String {
             a.tokens as f64 / b.tokens.max(1) as f64,
             100.0 * a_slice.rejected as f64 / a_slice.arrived.max(1) as f64,
             100.0 * b_slice.rejected as f64 / b_slice.arrived.max(1) as f64,
+            100.0 * a_slice.expired as f64 / a_slice.arrived.max(1) as f64,
+            100.0 * b_slice.expired as f64 / b_slice.arrived.max(1) as f64,
         );
     }
     let target = 3.0;
@@ -496,7 +501,9 @@ fn ttft_plot(result: &Evaluation) -> String {
         })
         .collect();
     let objective = config.traffic[0].slo.ttft.as_secs_f64();
-    let values = series.iter().flat_map(|(_, points)| points.iter().map(|p| p.1));
+    let values = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.1));
     let (low, high) = values.fold((objective, objective), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let y_min = 10f64.powf(low.log10().floor());
     let y_max = 10f64.powf(high.log10().ceil());
@@ -514,7 +521,10 @@ fn ttft_plot(result: &Evaluation) -> String {
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
     );
-    let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#
+    );
     let _ = writeln!(
         svg,
         r#"<text x="{}" y="24" font-size="15" text-anchor="middle">chat p95 TTFT (2 s bins of arrival); batch at {}x from {:?}</text>"#,

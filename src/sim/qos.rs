@@ -384,6 +384,10 @@ pub struct Slice {
     pub rejected: usize,
     /// Of those, displaced from the queue by higher-priority arrivals.
     pub displaced: usize,
+    /// Of those, rejected for their queue wait budget after waiting in the
+    /// queue (the others rejected for it were predicted to miss it and
+    /// turned away on arrival).
+    pub expired: usize,
     /// Of those, completed within the traffic's objectives.
     pub good: usize,
     /// Good requests per second of the span.
@@ -453,6 +457,12 @@ impl Evaluation {
                 .iter()
                 .filter(|o| matches!(o.rejected, Some((_, RejectionReason::Displaced))))
                 .count(),
+            expired: outcomes
+                .iter()
+                .filter(|o| {
+                    matches!(o.rejected, Some((at, RejectionReason::Deadline)) if at > o.arrival)
+                })
+                .count(),
             good,
             goodput,
             capacity_fraction: goodput / self.capacities[index],
@@ -478,7 +488,13 @@ impl Evaluation {
 
     /// Requests and tokens (prompt + output) of traffic `name` the gate
     /// admitted under `policy` in `from..until` (by admission time).
-    pub fn admitted(&self, policy: Policy, name: &str, from: Duration, until: Duration) -> Admitted {
+    pub fn admitted(
+        &self,
+        policy: Policy,
+        name: &str,
+        from: Duration,
+        until: Duration,
+    ) -> Admitted {
         let run = self.run(policy).expect("the policy ran");
         let index = self.config.index_of(name);
         let mut admitted = Admitted::default();
@@ -550,8 +566,7 @@ pub fn run(config: &QosConfig) -> Evaluation {
                     let Some(&policy) = config.policies.get(index) else {
                         break;
                     };
-                    let run =
-                        VirtualRuntime::new().block_on(simulate(config, &capacities, policy));
+                    let run = VirtualRuntime::new().block_on(simulate(config, &capacities, policy));
                     lock(&results)[index] = Some(run);
                 }
             });
@@ -579,7 +594,8 @@ fn capacities(config: &QosConfig) -> Vec<f64> {
         .traffic
         .iter()
         .map(|traffic| {
-            if let Some((_, capacity)) = measured.iter().find(|(shape, _)| *shape == traffic.shape())
+            if let Some((_, capacity)) =
+                measured.iter().find(|(shape, _)| *shape == traffic.shape())
             {
                 return *capacity;
             }
@@ -683,8 +699,7 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
                     ledger_now.outcomes.push(Outcome {
                         traffic: index,
                         arrival: at - start,
-                        engine_tokens: request.prompt_tokens.max(1)
-                            + request.output_tokens.max(1),
+                        engine_tokens: request.prompt_tokens.max(1) + request.output_tokens.max(1),
                         admitted: None,
                         first_token: None,
                         finished: None,
@@ -732,7 +747,10 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
                 break;
             }
         }
-        if time::timeout_at(hard_end, notify.notified()).await.is_none() {
+        if time::timeout_at(hard_end, notify.notified())
+            .await
+            .is_none()
+        {
             break;
         }
     }
