@@ -473,6 +473,43 @@ impl Evaluation {
         }
     }
 
+    /// The longest waits for an answer of traffic `name` under `policy`,
+    /// for arrivals in the middle and the last third of `from..until`.
+    pub fn longest_waits(
+        &self,
+        policy: Policy,
+        name: &str,
+        from: Duration,
+        until: Duration,
+    ) -> (Option<Percentile>, Option<Percentile>) {
+        let third = (until - from) / 3;
+        let middle = self.slice(policy, name, from + third, from + 2 * third);
+        let last = self.slice(policy, name, from + 2 * third, until);
+        (middle.longest_wait, last.longest_wait)
+    }
+
+    /// Whether no request of traffic `name` waits forever under `policy`:
+    /// every one that arrived in `from..until` was answered (a first token
+    /// or a rejection) before the run ended, and the longest wait does not
+    /// grow with the length of the overload — arrivals of the last third
+    /// waited at most 25% (and 1 s) longer than those of the middle third.
+    /// A wait that grows without bound (an unbounded queue under overload)
+    /// grows linearly from one third to the next.
+    pub fn waits_bounded(
+        &self,
+        policy: Policy,
+        name: &str,
+        from: Duration,
+        until: Duration,
+    ) -> bool {
+        match self.longest_waits(policy, name, from, until) {
+            (Some(middle), Some(last)) if !middle.at_least && !last.at_least => {
+                last.value <= middle.value.mul_f64(1.25) + Duration::from_secs(1)
+            }
+            _ => false,
+        }
+    }
+
     /// Total goodput of `policy` over arrivals in `from..until`: the sum
     /// over traffics of each one's goodput as a fraction of its capacity.
     pub fn total_goodput(&self, policy: Policy, from: Duration, until: Duration) -> f64 {
