@@ -184,7 +184,7 @@ fn incident_report(result: &Evaluation) -> String {
     );
     let _ = writeln!(
         out,
-        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>6} | {:>9} | {:>7} | {:>10} | {:>7} |",
+        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>8} | {:>6} | {:>9} | {:>7} | {:>10} | {:>7} |",
         "policy",
         "chat p50",
         "chat p95",
@@ -195,13 +195,14 @@ fn incident_report(result: &Evaluation) -> String {
         "batch",
         "batch",
         "batch",
+        "batch",
         "total",
         "longest",
         "engine",
     );
     let _ = writeln!(
         out,
-        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>6} | {:>9} | {:>7} | {:>10} | {:>7} |",
+        "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} | {:>8} | {:>8} | {:>6} | {:>9} | {:>7} | {:>10} | {:>7} |",
         "",
         "before",
         "before",
@@ -209,6 +210,7 @@ fn incident_report(result: &Evaluation) -> String {
         "after",
         "queue p95",
         "good",
+        "admit/s",
         "good/s",
         "reject",
         "displaced",
@@ -218,7 +220,7 @@ fn incident_report(result: &Evaluation) -> String {
     );
     let _ = writeln!(
         out,
-        "|{}|----------:|----------:|----------:|----------:|----------:|-------:|---------:|-------:|----------:|--------:|-----------:|--------:|",
+        "|{}|----------:|----------:|----------:|----------:|----------:|-------:|---------:|---------:|-------:|----------:|--------:|-----------:|--------:|",
         "-".repeat(28)
     );
     for run in &result.runs {
@@ -229,7 +231,7 @@ fn incident_report(result: &Evaluation) -> String {
         let total = result.total_goodput(policy, after_from, after_until);
         let _ = writeln!(
             out,
-            "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>5.0}% | {:>8.1} | {:>5.0}% | {:>9} | {:>6.0}% | {:>10} | {:>7} |",
+            "| {:<26} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>5.0}% | {:>8.1} | {:>8.1} | {:>5.0}% | {:>9} | {:>6.0}% | {:>10} | {:>7} |",
             policy.name(),
             latency(before.ttft_p50),
             latency(before.ttft_p95),
@@ -237,6 +239,7 @@ fn incident_report(result: &Evaluation) -> String {
             latency(chat.ttft_p95),
             latency(chat.queue_p95),
             100.0 * chat.good as f64 / chat.arrived.max(1) as f64,
+            batch.admitted as f64 / (after_until - after_from).as_secs_f64(),
             batch.goodput,
             100.0 * batch.rejected as f64 / batch.arrived.max(1) as f64,
             batch.displaced,

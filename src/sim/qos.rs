@@ -380,6 +380,8 @@ pub struct Evaluation {
 pub struct Slice {
     /// Requests that arrived.
     pub arrived: usize,
+    /// Of those, admitted (the engine took them).
+    pub admitted: usize,
     /// Of those, rejected (any reason).
     pub rejected: usize,
     /// Of those, displaced from the queue by higher-priority arrivals.
@@ -452,6 +454,7 @@ impl Evaluation {
         let goodput = good as f64 / span;
         Slice {
             arrived: outcomes.len(),
+            admitted: outcomes.iter().filter(|o| o.admitted.is_some()).count(),
             rejected: outcomes.iter().filter(|o| o.rejected.is_some()).count(),
             displaced: outcomes
                 .iter()
