@@ -17,6 +17,10 @@
 //!   `tower::limit::ConcurrencyLimit`, a TGI-style semaphore, a vLLM-style
 //!   cap and the [`Gate`](crate::Gate), with patient, retrying or impatient
 //!   clients.
+//! - [`qos`]: the quality-of-service evaluation of `examples/qos.rs` —
+//!   the seed's incident (chat traffic, then batch summarisation at twice
+//!   capacity) with no admission control, the FIFO gate and the gate with
+//!   priority bands, and weighted fairness between two tenants.
 //! - [`VirtualRuntime`] and [`time`]: the virtual clock the simulations
 //!   run on.
 //!
@@ -51,6 +55,7 @@
 
 mod config;
 mod engine;
+pub mod qos;
 mod scheduler;
 pub mod sweep;
 pub mod time;

@@ -435,7 +435,7 @@ pub struct Percentile {
 impl Percentile {
     /// The `quantile` (0..=1, nearest rank) of `samples`, each a value and
     /// whether it is only a lower bound. `None` without samples.
-    fn of(samples: &mut [(Duration, bool)], quantile: f64) -> Option<Percentile> {
+    pub(crate) fn of(samples: &mut [(Duration, bool)], quantile: f64) -> Option<Percentile> {
         if samples.is_empty() {
             return None;
         }
@@ -907,17 +907,29 @@ impl Front {
     }
 }
 
-/// Asks the gate for `request`: its rank and its cost (prompt tokens and,
-/// as `max_tokens`, its output length). When the request is queued with a
-/// wait budget, a timer on the simulator's clock expires it, as a server
-/// does with its own timer: the gate keeps none.
+/// Asks the gate for `request` ([`descriptor_of`], [`acquire`]).
 async fn admit(gate: &Gate, request: Request) -> Result<Permit, crate::Overloaded> {
-    let descriptor = Descriptor::new()
+    acquire(gate, descriptor_of(request)).await
+}
+
+/// What the gate is told of `request`: its rank, and its cost (prompt
+/// tokens and, as `max_tokens`, its output length).
+pub(crate) fn descriptor_of(request: Request) -> Descriptor {
+    Descriptor::new()
         .with_rank(request.rank)
         .with_cost(Cost::new(
             request.prompt_tokens,
             Some(request.output_tokens),
-        ));
+        ))
+}
+
+/// Asks the gate to admit `descriptor`. When the request is queued with a
+/// wait budget, a timer on the simulator's clock expires it, as a server
+/// does with its own timer: the gate keeps none.
+pub(crate) async fn acquire(
+    gate: &Gate,
+    descriptor: Descriptor,
+) -> Result<Permit, crate::Overloaded> {
     let mut acquire = gate.acquire_with(descriptor);
     let Some(expires_at) = acquire.expires_at() else {
         return acquire.await;
@@ -1421,7 +1433,7 @@ impl Outcomes {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while these locks are held.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
