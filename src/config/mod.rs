@@ -285,6 +285,12 @@ impl AdmissionConfig {
     /// by the wait of its oldest request; within a band, tenants keep their
     /// fair shares. Off unless set.
     ///
+    /// Aging bounds a wait; it does not share capacity. Once a lower band's
+    /// requests wait longer than the interval, that band rises level with
+    /// the ones above and, being older, goes first. Choose an interval
+    /// longer than the lower bands' usual queue wait, or bound that wait
+    /// with a [queue wait limit](Self::request_queue_wait_limit).
+    ///
     /// # Panics
     ///
     /// If `interval` is zero.
