@@ -28,7 +28,7 @@ use ::loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::observe::{Configured, Observation, Observer, Stamp, contain};
+use super::observe::{BucketView, Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
 use super::state::{Arrival, Class, Demand, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
@@ -288,39 +288,81 @@ impl Gate {
                 queue_wait,
                 engine_waiting,
             } => {
+                let bucket = Observed::of(&state, rank);
+                let offered: Vec<Observed> = if offered_ranks.is_empty() {
+                    Vec::new()
+                } else {
+                    offered_ranks
+                        .into_iter()
+                        .filter(|&offered| offered != rank)
+                        .map(|offered| Observed::of(&state, offered))
+                        .collect()
+                };
+                drop(state);
+                wake_all(wakers);
+                let mut now = Now::of(&self.inner.clock);
                 let observation = Observation {
                     seq,
-                    bucket: state.view(rank),
+                    bucket: bucket.measured(&mut now),
                     tally_changed,
-                    offered: if offered_ranks.is_empty() {
-                        Vec::new()
-                    } else {
-                        offered_ranks
-                            .into_iter()
-                            .filter(|&offered| offered != rank)
-                            .map(|offered| state.view(offered))
-                            .collect()
-                    },
+                    offered: offered
+                        .into_iter()
+                        .map(|offered| offered.measured(&mut now))
+                        .collect(),
                     queue_wait,
                     engine_waiting,
                 };
-                drop(state);
-                wake_all(wakers);
                 contain(|| observer.observe(&observation));
             }
             Concerned::Everything => {
-                let (unranked, rank_buckets) = state.views();
-                let configured = Configured {
-                    seq,
-                    limits: state.limits(),
-                    ranks: state.recognised_ranks(),
-                    unranked,
-                    rank_buckets,
-                };
+                let unranked = Observed::of(&state, None);
+                let rank_buckets: Vec<Observed> = (0..state.known_ranks() as u32)
+                    .map(|rank| Observed::of(&state, Some(rank)))
+                    .collect();
+                let limits = state.limits();
+                let ranks = state.recognised_ranks();
                 drop(state);
                 wake_all(wakers);
+                let mut now = Now::of(&self.inner.clock);
+                let configured = Configured {
+                    seq,
+                    limits,
+                    ranks,
+                    unranked: unranked.measured(&mut now),
+                    rank_buckets: rank_buckets
+                        .into_iter()
+                        .map(|bucket| bucket.measured(&mut now))
+                        .collect(),
+                };
                 contain(|| observer.configured(&configured));
             }
+        }
+    }
+
+    /// Brings the gate's time-dependent metrics up to date: the age of the
+    /// oldest queued request of each rank
+    /// (`request_queue_oldest_age_seconds`) is measured now, and every
+    /// other series is set again from the gate's counts and tallies.
+    ///
+    /// The gate records metrics at its events (arrivals, admissions,
+    /// releases, cancellations); between events a queued request grows
+    /// older with no event to say so. Call this just before rendering
+    /// the metrics, in the `/metrics` handler, so a scrape sees the age
+    /// at the scrape:
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, Gate};
+    ///
+    /// let gate = Gate::new(AdmissionConfig::new());
+    /// // in the /metrics handler, before `PrometheusHandle::render`:
+    /// gate.refresh_metrics();
+    /// ```
+    ///
+    /// It takes the gate's lock once, briefly, and records outside it,
+    /// like any event. Without the `metrics` feature it does nothing.
+    pub fn refresh_metrics(&self) {
+        if DefaultObserver::ENABLED {
+            self.end_event(self.lock(), Concerned::Everything);
         }
     }
 
@@ -343,6 +385,78 @@ impl Gate {
             engine_waiting,
         };
         self.end_event(state, concerned);
+    }
+}
+
+/// A bucket as an event left it, read under the gate's lock, with when its
+/// oldest queued request arrived: its age is measured once the lock is
+/// released.
+struct Observed {
+    view: BucketView,
+    oldest: Option<Arrived>,
+}
+
+/// When a queued request arrived, on the clock its age is measured with.
+///
+/// A gate that keeps time (deadlines or aging on) records each queued
+/// request's arrival on its own clock
+/// ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)), so ages
+/// agree with deadlines and aging, and with a test's paused clock. Any
+/// other gate measures on the observer's clock, from the stamp it takes at
+/// every arrival anyway (for `request_queue_wait_seconds`): recording the
+/// age costs an arrival nothing more.
+#[derive(Debug, Clone, Copy)]
+enum Arrived {
+    Gate(Instant),
+    Stamp(Stamp),
+}
+
+impl Observed {
+    fn of(state: &State<Waiter>, rank: Option<u32>) -> Observed {
+        Observed {
+            view: state.view(rank),
+            oldest: state
+                .oldest_queued(rank)
+                .map(|(queued_at, waiter)| match queued_at {
+                    Some(at) => Arrived::Gate(at),
+                    None => Arrived::Stamp(waiter.queued_at),
+                }),
+        }
+    }
+
+    /// The view, with the age of its oldest queued request at `now`.
+    fn measured(self, now: &mut Now<'_>) -> BucketView {
+        let mut view = self.view;
+        view.oldest_wait = self.oldest.map(|arrived| now.since(arrived));
+        view
+    }
+}
+
+/// The present, on each clock, read at most once and only when needed: an
+/// event that leaves every queue it touched empty reads no clock.
+struct Now<'a> {
+    clock: &'a Clock,
+    gate: Option<Instant>,
+    stamp: Option<Stamp>,
+}
+
+impl<'a> Now<'a> {
+    fn of(clock: &'a Clock) -> Self {
+        Now {
+            clock,
+            gate: None,
+            stamp: None,
+        }
+    }
+
+    fn since(&mut self, arrived: Arrived) -> Duration {
+        match arrived {
+            Arrived::Gate(at) => self
+                .gate
+                .get_or_insert_with(|| self.clock.now())
+                .saturating_duration_since(at),
+            Arrived::Stamp(at) => self.stamp.get_or_insert_with(Stamp::now).since(at),
+        }
     }
 }
 
@@ -490,14 +604,9 @@ impl Future for Acquire {
                         // what is new is the tally and the queue wait.
                         let observation = DefaultObserver::ENABLED.then(|| {
                             let rank = state.grant_rank(&grant);
-                            Observation {
-                                seq: state.next_event(),
-                                bucket: state.view(rank),
-                                tally_changed: true,
-                                offered: Vec::new(),
-                                queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
-                                engine_waiting: None,
-                            }
+                            let seq = state.next_event();
+                            let queue_wait = waiter.offered_at.since(waiter.queued_at);
+                            (seq, Observed::of(&state, rank), queue_wait)
                         });
                         (grant, waiter.offered_at, observation)
                     }
@@ -515,7 +624,15 @@ impl Future for Acquire {
         let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
             unreachable!("matched above")
         };
-        if let Some(observation) = observation {
+        if let Some((seq, bucket, queue_wait)) = observation {
+            let observation = Observation {
+                seq,
+                bucket: bucket.measured(&mut Now::of(&gate.inner.clock)),
+                tally_changed: true,
+                offered: Vec::new(),
+                queue_wait: Some(queue_wait),
+                engine_waiting: None,
+            };
             let observer = &gate.inner.observer;
             contain(|| observer.observe(&observation));
         }
