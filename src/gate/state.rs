@@ -1203,6 +1203,8 @@ impl<T> State<T> {
 }
 
 #[cfg(test)]
+mod observe_tests;
+#[cfg(test)]
 mod qos_tests;
 #[cfg(test)]
 mod tests;
