@@ -113,6 +113,9 @@ struct App {
     rank: RankHeader,
     ids: Arc<Ids>,
     metrics: PrometheusHandle,
+    /// The gate, to refresh its time-dependent gauges before a scrape;
+    /// `None` with `--no-admission`.
+    gate: Option<Gate>,
 }
 
 /// Response ids: unique within the process, and across restarts.
@@ -171,12 +174,13 @@ async fn main() -> ExitCode {
 
     let engine = args.engine.start();
     let rank = RankHeader::default();
-    let app = App {
+    let mut app = App {
         engine: engine.clone(),
         engine_args: Arc::new(args.engine.clone()),
         rank: rank.clone(),
         ids: Arc::new(Ids::new()),
         metrics,
+        gate: None,
     };
 
     let mut router = Router::new()
@@ -191,6 +195,7 @@ async fn main() -> ExitCode {
             .metrics_prefix(&args.metrics_prefix);
         let gate = Gate::new(config);
         engine.report_to(&gate);
+        app.gate = Some(gate.clone());
         let limits = gate.limits();
         // One gate for every generation route: `Router::layer` wraps each
         // route with a clone of the layer, and clones share the gate.
@@ -525,6 +530,10 @@ impl App {
 
 async fn metrics_text(State(app): State<App>) -> Response {
     record_engine_stats(&app.engine);
+    // The age of the oldest queued request, as of this scrape.
+    if let Some(gate) = &app.gate {
+        gate.refresh_metrics();
+    }
     (
         [(
             header::CONTENT_TYPE,
