@@ -16,13 +16,14 @@
 //! | `request_queue_count` | gauge | | requests waiting in the gate's queue |
 //! | `request_receive_total` | counter | | requests received |
 //! | `request_admit_total` | counter | `source` = `direct` \| `queue` | requests admitted |
-//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` when deadlines are on) | requests rejected |
+//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured) | requests rejected |
 //! | `cancellation_total` | counter | | requests cancelled while queued |
 //! | `engine_request_limit` | gauge | | the engine request limit |
 //! | `engine_request_waiting_limit` | gauge | | the engine request waiting limit |
 //! | `request_queue_limit` | gauge | | the request queue limit |
 //! | `request_queue_wait_seconds` | histogram | | time in the gate's queue, of requests admitted from it |
 //! | `engine_request_waiting_seconds` | histogram | | admission to first token or completion: the W of Little's law |
+//! | `request_queue_oldest_age_seconds` | gauge | | how long the oldest request still in the gate's queue has waited; 0 when the queue is empty |
 //!
 //! With a token limit set ([`AdmissionConfig::engine_waiting_token_limit`](crate::AdmissionConfig::engine_waiting_token_limit)
 //! and its siblings), six more gauges weigh the requests, per `dp_rank`;
@@ -34,6 +35,25 @@
 //! | `engine_waiting_token_count` | prompt tokens of admitted requests without a first token yet |
 //! | `request_queue_token_count` | prompt tokens of queued requests |
 //! | `engine_token_limit`, `engine_waiting_token_limit`, `request_queue_token_limit` | the token limits that are set (combined for `unspecified`) |
+//!
+//! With [`AdmissionConfig::priority_bands`](crate::AdmissionConfig::priority_bands)
+//! configured (SPEC §8), three more series carry a `priority` label: the
+//! configured band a request arrived in (`"0"`, `"10"`, …; a request of
+//! priority 3 with bands 0 and 10 counts under `"0"`), so the label has one
+//! value per configured band and no more. Without configured bands every
+//! priority would be a band of its own, an unbounded label: then these
+//! series do not exist. No series ever carries a tenant (unbounded too).
+//!
+//! | suffix | type | labels | meaning |
+//! |---|---|---|---|
+//! | `request_queue_by_priority_count` | gauge | `dp_rank`, `priority` | requests waiting in the gate's queue |
+//! | `request_admit_by_priority_total` | counter | `dp_rank`, `priority` | requests admitted (both sources) |
+//! | `rejection_by_priority_total` | counter | `dp_rank`, `priority` | requests rejected (every scope and reason) |
+//!
+//! Summed over `priority` they equal `request_queue_count`,
+//! `request_admit_total` (both sources) and `rejection_total`. A request
+//! that ages into a higher band (an aging interval is set) still counts
+//! under the band it arrived in.
 //!
 //! After settling, `request_receive_total` = `request_admit_total` (both
 //! sources) + `rejection_total` (both scopes) + `cancellation_total`, per
@@ -78,6 +98,24 @@
 //! taking the gate's lock, and once inside it for an event that admits
 //! queued requests. Without the `metrics` feature the gate never reads the
 //! clock.
+//!
+//! # The age of the oldest queued request
+//!
+//! `request_queue_oldest_age_seconds` is measured from the oldest queued
+//! request's arrival, which the gate notes anyway: on the gate's own clock
+//! ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)) when it
+//! keeps time (deadlines or aging on), so the age agrees with deadlines,
+//! aging and a test's paused clock; otherwise on `quanta`'s clock, from the
+//! stamp taken at every arrival for `request_queue_wait_seconds`. Arrivals
+//! cost nothing more; an event reads a clock once more, after the lock,
+//! only when a queue it touched is not empty.
+//!
+//! Like every gauge it is set at the gate's events, so between events it
+//! goes stale: a request stuck in a queue that nothing touches would keep
+//! the age of the last event. Call
+//! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) in the
+//! `/metrics` handler, before rendering, so each scrape sees the age at
+//! the scrape (the examples do).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -675,8 +713,9 @@ impl Observer for Recorder {
         }
     }
 
-    /// The gate was built, or the engine reported its capacity: every
-    /// gauge is set, new ranks are registered, vanished ranks zeroed.
+    /// The gate was built, the engine reported its capacity, or metrics
+    /// were refreshed: every gauge is set, new ranks are registered,
+    /// vanished ranks zeroed.
     fn configured(&self, configured: &Configured) {
         let seq = configured.seq;
         // Before the first report the gate assumes one rank.
@@ -734,7 +773,7 @@ impl Recorder {
 
 /// The handles of every rank ever recognised, by rank number.
 ///
-/// It only grows, and only in [`Recorder::on_configured`] (under the gate's
+/// It only grows, and only in [`Recorder::configured`] (under the gate's
 /// lock); events read it without a lock of their own, so the gate's hot
 /// path takes one lock, not two. Chunk `k` holds ranks `2^k - 1` to
 /// `2^(k+1) - 2`, so a registered handle never moves.

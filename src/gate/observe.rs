@@ -59,8 +59,10 @@ pub(crate) struct Observation {
     pub(crate) engine_waiting: Option<Duration>,
 }
 
-/// The limits in force and every bucket, after the gate was built or the
-/// engine reported its capacity.
+/// The limits in force and every bucket, after the gate was built, the
+/// engine reported its capacity, or metrics were refreshed
+/// ([`Gate::refresh_metrics`](crate::Gate::refresh_metrics)): the whole
+/// picture, ages of the oldest queued requests measured afresh.
 #[derive(Debug, Clone)]
 // Read only by observers, and there is none without the `metrics` feature.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
