@@ -288,52 +288,66 @@ impl Gate {
                 queue_wait,
                 engine_waiting,
             } => {
-                let bucket = Observed::of(&state, rank);
-                let offered: Vec<Observed> = if offered_ranks.is_empty() {
+                // Built in place, and the ages filled in after the lock:
+                // the observation is large, and this is the hot path.
+                let mut observation = Observation {
+                    seq,
+                    bucket: state.view(rank),
+                    tally_changed,
+                    offered: if offered_ranks.is_empty() {
+                        Vec::new()
+                    } else {
+                        offered_ranks
+                            .into_iter()
+                            .filter(|&offered| offered != rank)
+                            .map(|offered| state.view(offered))
+                            .collect()
+                    },
+                    queue_wait,
+                    engine_waiting,
+                };
+                let oldest = oldest_arrival(&state, rank);
+                let offered_oldest: Vec<Option<Arrived>> = if observation.offered.is_empty() {
                     Vec::new()
                 } else {
-                    offered_ranks
-                        .into_iter()
-                        .filter(|&offered| offered != rank)
-                        .map(|offered| Observed::of(&state, offered))
+                    observation
+                        .offered
+                        .iter()
+                        .map(|view| oldest_arrival(&state, view.rank))
                         .collect()
                 };
                 drop(state);
                 wake_all(wakers);
                 let mut now = Now::of(&self.inner.clock);
-                let observation = Observation {
-                    seq,
-                    bucket: bucket.measured(&mut now),
-                    tally_changed,
-                    offered: offered
-                        .into_iter()
-                        .map(|offered| offered.measured(&mut now))
-                        .collect(),
-                    queue_wait,
-                    engine_waiting,
-                };
+                now.measure(&mut observation.bucket, oldest);
+                for (view, oldest) in observation.offered.iter_mut().zip(offered_oldest) {
+                    now.measure(view, oldest);
+                }
                 contain(|| observer.observe(&observation));
             }
             Concerned::Everything => {
-                let unranked = Observed::of(&state, None);
-                let rank_buckets: Vec<Observed> = (0..state.known_ranks() as u32)
-                    .map(|rank| Observed::of(&state, Some(rank)))
+                let mut configured = Configured {
+                    seq,
+                    limits: state.limits(),
+                    ranks: state.recognised_ranks(),
+                    unranked: state.view(None),
+                    rank_buckets: (0..state.known_ranks() as u32)
+                        .map(|rank| state.view(Some(rank)))
+                        .collect(),
+                };
+                let unranked_oldest = oldest_arrival(&state, None);
+                let ranks_oldest: Vec<Option<Arrived>> = configured
+                    .rank_buckets
+                    .iter()
+                    .map(|view| oldest_arrival(&state, view.rank))
                     .collect();
-                let limits = state.limits();
-                let ranks = state.recognised_ranks();
                 drop(state);
                 wake_all(wakers);
                 let mut now = Now::of(&self.inner.clock);
-                let configured = Configured {
-                    seq,
-                    limits,
-                    ranks,
-                    unranked: unranked.measured(&mut now),
-                    rank_buckets: rank_buckets
-                        .into_iter()
-                        .map(|bucket| bucket.measured(&mut now))
-                        .collect(),
-                };
+                now.measure(&mut configured.unranked, unranked_oldest);
+                for (view, oldest) in configured.rank_buckets.iter_mut().zip(ranks_oldest) {
+                    now.measure(view, oldest);
+                }
                 contain(|| observer.configured(&configured));
             }
         }
@@ -388,14 +402,6 @@ impl Gate {
     }
 }
 
-/// A bucket as an event left it, read under the gate's lock, with when its
-/// oldest queued request arrived: its age is measured once the lock is
-/// released.
-struct Observed {
-    view: BucketView,
-    oldest: Option<Arrived>,
-}
-
 /// When a queued request arrived, on the clock its age is measured with.
 ///
 /// A gate that keeps time (deadlines or aging on) records each queued
@@ -411,25 +417,17 @@ enum Arrived {
     Stamp(Stamp),
 }
 
-impl Observed {
-    fn of(state: &State<Waiter>, rank: Option<u32>) -> Observed {
-        Observed {
-            view: state.view(rank),
-            oldest: state
-                .oldest_queued(rank)
-                .map(|(queued_at, waiter)| match queued_at {
-                    Some(at) => Arrived::Gate(at),
-                    None => Arrived::Stamp(waiter.queued_at),
-                }),
-        }
-    }
-
-    /// The view, with the age of its oldest queued request at `now`.
-    fn measured(self, now: &mut Now<'_>) -> BucketView {
-        let mut view = self.view;
-        view.oldest_wait = self.oldest.map(|arrived| now.since(arrived));
-        view
-    }
+/// When the oldest queued request of a recognised rank's bucket (`None`:
+/// the unranked requests) arrived, read under the gate's lock: its age is
+/// measured once the lock is released.
+#[inline]
+fn oldest_arrival(state: &State<Waiter>, rank: Option<u32>) -> Option<Arrived> {
+    state
+        .oldest_queued(rank)
+        .map(|(queued_at, waiter)| match queued_at {
+            Some(at) => Arrived::Gate(at),
+            None => Arrived::Stamp(waiter.queued_at),
+        })
 }
 
 /// The present, on each clock, read at most once and only when needed: an
@@ -446,6 +444,15 @@ impl<'a> Now<'a> {
             clock,
             gate: None,
             stamp: None,
+        }
+    }
+
+    /// Sets the age of `view`'s oldest queued request, which arrived at
+    /// `oldest` (`None`: nothing is queued, and no clock is read).
+    #[inline]
+    fn measure(&mut self, view: &mut BucketView, oldest: Option<Arrived>) {
+        if let Some(arrived) = oldest {
+            view.oldest_wait = Some(self.since(arrived));
         }
     }
 
@@ -604,9 +611,15 @@ impl Future for Acquire {
                         // what is new is the tally and the queue wait.
                         let observation = DefaultObserver::ENABLED.then(|| {
                             let rank = state.grant_rank(&grant);
-                            let seq = state.next_event();
-                            let queue_wait = waiter.offered_at.since(waiter.queued_at);
-                            (seq, Observed::of(&state, rank), queue_wait)
+                            let observation = Observation {
+                                seq: state.next_event(),
+                                bucket: state.view(rank),
+                                tally_changed: true,
+                                offered: Vec::new(),
+                                queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
+                                engine_waiting: None,
+                            };
+                            (observation, oldest_arrival(&state, rank))
                         });
                         (grant, waiter.offered_at, observation)
                     }
@@ -624,15 +637,8 @@ impl Future for Acquire {
         let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
             unreachable!("matched above")
         };
-        if let Some((seq, bucket, queue_wait)) = observation {
-            let observation = Observation {
-                seq,
-                bucket: bucket.measured(&mut Now::of(&gate.inner.clock)),
-                tally_changed: true,
-                offered: Vec::new(),
-                queue_wait: Some(queue_wait),
-                engine_waiting: None,
-            };
+        if let Some((mut observation, oldest)) = observation {
+            Now::of(&gate.inner.clock).measure(&mut observation.bucket, oldest);
             let observer = &gate.inner.observer;
             contain(|| observer.observe(&observation));
         }

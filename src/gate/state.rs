@@ -722,6 +722,7 @@ impl<T> State<T> {
     /// The age of its oldest queued request is left out (`None`): the
     /// state keeps no clock. The driver measures it from
     /// [`oldest_queued`](Self::oldest_queued) once it has left its lock.
+    #[inline]
     pub(crate) fn view(&self, rank: Option<u32>) -> BucketView {
         let bucket = match rank {
             Some(rank) => &self.ranks[rank as usize],
@@ -744,11 +745,16 @@ impl<T> State<T> {
 
     /// Each configured band of `bucket`, lowest first: its queued requests
     /// and its tally. Empty without configured bands.
+    #[inline]
     fn band_views(&self, bucket: &Bucket) -> Vec<BandView> {
         let configured = self.ladder.configured_bands();
         if configured == 0 {
             return Vec::new();
         }
+        self.configured_band_views(bucket, configured)
+    }
+
+    fn configured_band_views(&self, bucket: &Bucket, configured: usize) -> Vec<BandView> {
         let mut bands = vec![BandView::default(); configured];
         for (band, tally) in bands.iter_mut().zip(&bucket.bands) {
             band.tally = *tally;
@@ -764,11 +770,15 @@ impl<T> State<T> {
     /// rank's bucket (`None`: the unranked requests), if any is queued:
     /// when it was queued, if the gate keeps time, and its payload (where
     /// a driver that does not keep time may have noted its arrival).
+    #[inline]
     pub(crate) fn oldest_queued(&self, rank: Option<u32>) -> Option<(Option<Instant>, &T)> {
         let bucket = match rank {
             Some(rank) => &self.ranks[rank as usize],
             None => &self.unranked,
         };
+        if bucket.queue.is_empty() {
+            return None;
+        }
         let slot = bucket.queue.oldest(&self.entries)?;
         let entry = &self.entries[slot];
         Some((entry.node.queued_at, &entry.payload))

@@ -294,6 +294,7 @@ impl Head {
 }
 
 impl Queue {
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
