@@ -615,7 +615,7 @@ impl BucketMetrics {
             if let Some(tokens) = &self.tokens {
                 tokens.set_counts(&counts);
             }
-            for (metrics, band) in self.bands.iter().zip(&view.bands) {
+            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
                 metrics.queued.set(band.queued as f64);
             }
         }
@@ -641,7 +641,7 @@ impl BucketMetrics {
                 self.rejected_worker.absolute(tally.rejected_worker);
             }
             self.cancelled.absolute(tally.cancelled);
-            for (metrics, band) in self.bands.iter().zip(&view.bands) {
+            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
                 metrics.admitted.absolute(band.tally.admitted);
                 metrics.rejected.absolute(band.tally.rejected);
             }

@@ -21,9 +21,9 @@ pub(crate) struct BucketView {
     pub(crate) rank: Option<u32>,
     pub(crate) counts: Counts,
     pub(crate) tally: Tally,
-    /// Each configured priority band, lowest first; empty unless bands are
-    /// configured (then never allocated).
-    pub(crate) bands: Vec<BandView>,
+    /// Each configured priority band, lowest first; `None` unless bands
+    /// are configured.
+    pub(crate) bands: Option<Box<[BandView]>>,
     /// How long the bucket's oldest queued request has waited, measured
     /// after the lock was released; `None` when its queue is empty.
     pub(crate) oldest_wait: Option<Duration>,

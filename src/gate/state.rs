@@ -744,17 +744,17 @@ impl<T> State<T> {
     }
 
     /// Each configured band of `bucket`, lowest first: its queued requests
-    /// and its tally. Empty without configured bands.
+    /// and its tally. `None` without configured bands.
     #[inline]
-    fn band_views(&self, bucket: &Bucket) -> Vec<BandView> {
+    fn band_views(&self, bucket: &Bucket) -> Option<Box<[BandView]>> {
         let configured = self.ladder.configured_bands();
         if configured == 0 {
-            return Vec::new();
+            return None;
         }
-        self.configured_band_views(bucket, configured)
+        Some(self.configured_band_views(bucket, configured))
     }
 
-    fn configured_band_views(&self, bucket: &Bucket, configured: usize) -> Vec<BandView> {
+    fn configured_band_views(&self, bucket: &Bucket, configured: usize) -> Box<[BandView]> {
         let mut bands = vec![BandView::default(); configured];
         for (band, tally) in bands.iter_mut().zip(&bucket.bands) {
             band.tally = *tally;
@@ -763,7 +763,7 @@ impl<T> State<T> {
         for (rung, queued) in bucket.queue.band_lengths() {
             bands[rung as usize].queued = queued;
         }
-        bands
+        bands.into_boxed_slice()
     }
 
     /// The request that has waited longest in the queue of a recognised

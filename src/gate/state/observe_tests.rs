@@ -43,6 +43,7 @@ fn bands(state: &State<&'static str>) -> Vec<(usize, u64, u64)> {
     state
         .view(None)
         .bands
+        .expect("bands are configured")
         .iter()
         .map(|band| (band.queued, band.tally.admitted, band.tally.rejected))
         .collect()
@@ -111,7 +112,7 @@ fn without_configured_bands_there_are_no_band_views_or_tallies() {
         arrive(&mut state, "full", 5),
         Arrival::Rejected(_)
     ));
-    assert!(state.view(None).bands.is_empty());
+    assert!(state.view(None).bands.is_none());
     assert_eq!(state.unranked.bands.capacity(), 0, "never allocated");
     state.finish(&mut running);
 }
@@ -198,10 +199,10 @@ fn a_vanished_ranks_queued_requests_move_to_the_unranked_bands_and_oldest() {
         panic!("admitted")
     };
     state.arrive_as(Some(1), Demand::default(), None, class(10), "ranked");
-    assert_eq!(state.view(Some(1)).bands[1].queued, 1);
+    assert_eq!(state.view(Some(1)).bands.unwrap()[1].queued, 1);
     assert!(matches!(state.oldest_queued(Some(1)), Some((_, &"ranked"))));
     state.report_capacity(EngineCapacity::new(8, 1));
-    assert_eq!(state.view(Some(1)).bands[1].queued, 0);
+    assert_eq!(state.view(Some(1)).bands.unwrap()[1].queued, 0);
     assert_eq!(state.oldest_queued(Some(1)), None);
     assert_eq!(
         bands(&state),
