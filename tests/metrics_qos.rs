@@ -85,6 +85,16 @@ fn rank_priority_pairs(exposition: &Exposition, name: &str) -> BTreeSet<(String,
         .collect()
 }
 
+/// The sum of every sample named `name` with this `dp_rank`.
+fn sum(exposition: &Exposition, name: &str, dp_rank: &str) -> f64 {
+    exposition
+        .samples
+        .iter()
+        .filter(|((series, labels), _)| series == name && labels["dp_rank"] == dp_rank)
+        .map(|(_, value)| value)
+        .sum()
+}
+
 // ----- the age of the oldest queued request --------------------------------
 
 #[tokio::test(start_paused = true)]
@@ -158,6 +168,31 @@ async fn unranked_requests_have_their_own_oldest_age() {
     drop(waiting); // cancelled
     assert_eq!(oldest_age(&scrape(&recorder), "unspecified"), 0.0);
     drop(running);
+}
+
+#[test]
+fn a_refresh_changes_the_metrics_only() {
+    let (gate, recorder) = gate_with(
+        AdmissionConfig::new()
+            .priority_bands([0, 10])
+            .engine_request_limit(1)
+            .request_queue_limit(2)
+            .capacity(EngineCapacity::new(8, 2)),
+    );
+    let _left = qos_traffic(&gate);
+    let before = gate.snapshot();
+    let first = refresh_and_scrape(&gate, &recorder);
+    assert_eq!(gate.snapshot(), before);
+    let second = refresh_and_scrape(&gate, &recorder);
+    // Only the age of the queued request moves.
+    let age = |exposition: &Exposition| oldest_age(exposition, "0");
+    assert!(age(&second) >= age(&first));
+    let without_age = |exposition: &Exposition| {
+        let mut samples = exposition.samples.clone();
+        samples.retain(|(name, _), _| name != "qos_request_queue_oldest_age_seconds");
+        samples
+    };
+    assert_eq!(without_age(&first), without_age(&second));
 }
 
 #[test]
@@ -264,11 +299,26 @@ fn priority_series_exist_only_with_configured_bands() {
     assert_eq!(value("qos_request_admit_by_priority_total", "10"), 1.0);
     assert_eq!(value("qos_rejection_by_priority_total", "0"), 2.0);
     assert_eq!(value("qos_rejection_by_priority_total", "10"), 0.0);
-    // The per-band series add up to the plain ones.
-    assert_eq!(
-        exposition.value("qos_request_queue_count", &[("dp_rank", "0")]),
-        1.0
-    );
+    // Summed over `priority`, the per-band series are the plain ones.
+    for (by_priority, plain) in [
+        (
+            "qos_request_queue_by_priority_count",
+            "qos_request_queue_count",
+        ),
+        (
+            "qos_request_admit_by_priority_total",
+            "qos_request_admit_total",
+        ),
+        ("qos_rejection_by_priority_total", "qos_rejection_total"),
+    ] {
+        for rank in ["0", "1", "unspecified"] {
+            assert_eq!(
+                sum(&exposition, by_priority, rank),
+                sum(&exposition, plain, rank),
+                "{by_priority} against {plain}, dp_rank {rank}"
+            );
+        }
+    }
 }
 
 #[test]
