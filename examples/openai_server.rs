@@ -163,6 +163,9 @@ struct App {
     rank: RankHeader,
     ids: Arc<Ids>,
     metrics: PrometheusHandle,
+    /// The gate, to refresh its time-dependent gauges before a scrape;
+    /// `None` with `--no-admission`.
+    gate: Option<Gate>,
 }
 
 /// Response ids: unique within the process, and across restarts.
@@ -221,12 +224,13 @@ async fn main() -> ExitCode {
 
     let engine = args.engine.start();
     let rank = RankHeader::default();
-    let app = App {
+    let mut app = App {
         engine: engine.clone(),
         engine_args: Arc::new(args.engine.clone()),
         rank: rank.clone(),
         ids: Arc::new(Ids::new()),
         metrics,
+        gate: None,
     };
 
     let mut router = Router::new()
@@ -242,6 +246,7 @@ async fn main() -> ExitCode {
         let qos = describe_qos(&config);
         let gate = Gate::new(config);
         engine.report_to(&gate);
+        app.gate = Some(gate.clone());
         let limits = gate.limits();
         // One gate for every generation route: `route_layer` wraps each
         // route's matched methods with a clone of the layer (clones share
@@ -578,6 +583,10 @@ impl App {
 
 async fn metrics_text(State(app): State<App>) -> Response {
     record_engine_stats(&app.engine);
+    // The age of the oldest queued request, as of this scrape.
+    if let Some(gate) = &app.gate {
+        gate.refresh_metrics();
+    }
     (
         [(
             header::CONTENT_TYPE,

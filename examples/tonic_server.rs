@@ -305,14 +305,14 @@ async fn serve(args: ServeArgs) -> ExitCode {
         engine_args: Arc::new(args.engine.clone()),
         rank: rank.clone(),
     };
-    let (layer, admission) = if args.no_admission {
-        (None, "admission: off (--no-admission)".to_owned())
+    let (layer, admission, gate) = if args.no_admission {
+        (None, "admission: off (--no-admission)".to_owned(), None)
     } else {
         let config = exporter::with_prefix(args.admission.resolve(), &args.metrics_prefix);
         let gate = Gate::new(config);
         engine.report_to(&gate);
         let limits = gate.limits();
-        let layer = AdmissionLayer::new(gate)
+        let layer = AdmissionLayer::new(gate.clone())
             .detector(Grpc::default())
             .rank(rank)
             .qos_headers(QosHeaders::default())
@@ -326,7 +326,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             limits.engine_request_waiting_limit,
             limits.request_queue_limit,
         );
-        (Some(layer), banner)
+        (Some(layer), banner, Some(gate))
     };
 
     let (listener, address, shutdown) = match common::bind(args.listen).await {
@@ -342,7 +342,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     println!("service: {GENERATE} (server streaming)");
     if let Some(metrics) = metrics {
         println!("metrics on http://{}/metrics", metrics.address());
-        tokio::spawn(metrics.serve());
+        tokio::spawn(metrics.serve(gate));
     }
 
     let incoming = TcpIncoming::from(listener);
@@ -384,7 +384,7 @@ mod exporter {
     use std::time::Duration;
 
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-    use tower_admission::AdmissionConfig;
+    use tower_admission::{AdmissionConfig, Gate};
 
     pub use tower_admission::metrics::DEFAULT_PREFIX;
 
@@ -443,12 +443,16 @@ mod exporter {
             self.address
         }
 
-        /// Answers scrapes until the process ends.
-        pub async fn serve(self) {
+        /// Answers scrapes until the process ends; refreshes the
+        /// time-dependent gauges of `gate` (if admission is on) first.
+        pub async fn serve(self, gate: Option<Gate>) {
             let handle = self.handle;
             let router = axum::Router::new().route(
                 "/metrics",
                 axum::routing::get(move || {
+                    if let Some(gate) = &gate {
+                        gate.refresh_metrics();
+                    }
                     let text = handle.render();
                     async move {
                         (
@@ -474,7 +478,7 @@ mod exporter {
 mod exporter {
     use std::net::SocketAddr;
 
-    use tower_admission::AdmissionConfig;
+    use tower_admission::{AdmissionConfig, Gate};
 
     pub const DEFAULT_PREFIX: &str = "admission";
 
@@ -494,7 +498,7 @@ mod exporter {
             match *self {}
         }
 
-        pub async fn serve(self) {
+        pub async fn serve(self, _gate: Option<Gate>) {
             match self {}
         }
     }

@@ -16,13 +16,14 @@
 //! | `request_queue_count` | gauge | | requests waiting in the gate's queue |
 //! | `request_receive_total` | counter | | requests received |
 //! | `request_admit_total` | counter | `source` = `direct` \| `queue` | requests admitted |
-//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` when deadlines are on) | requests rejected |
+//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured) | requests rejected |
 //! | `cancellation_total` | counter | | requests cancelled while queued |
 //! | `engine_request_limit` | gauge | | the engine request limit |
 //! | `engine_request_waiting_limit` | gauge | | the engine request waiting limit |
 //! | `request_queue_limit` | gauge | | the request queue limit |
 //! | `request_queue_wait_seconds` | histogram | | time in the gate's queue, of requests admitted from it |
 //! | `engine_request_waiting_seconds` | histogram | | admission to first token or completion: the W of Little's law |
+//! | `request_queue_oldest_age_seconds` | gauge | | how long the oldest request still in the gate's queue has waited; 0 when the queue is empty |
 //!
 //! With a token limit set ([`AdmissionConfig::engine_waiting_token_limit`](crate::AdmissionConfig::engine_waiting_token_limit)
 //! and its siblings), six more gauges weigh the requests, per `dp_rank`;
@@ -34,6 +35,25 @@
 //! | `engine_waiting_token_count` | prompt tokens of admitted requests without a first token yet |
 //! | `request_queue_token_count` | prompt tokens of queued requests |
 //! | `engine_token_limit`, `engine_waiting_token_limit`, `request_queue_token_limit` | the token limits that are set (combined for `unspecified`) |
+//!
+//! With [`AdmissionConfig::priority_bands`](crate::AdmissionConfig::priority_bands)
+//! configured (SPEC §8), three more series carry a `priority` label: the
+//! configured band a request arrived in (`"0"`, `"10"`, …; a request of
+//! priority 3 with bands 0 and 10 counts under `"0"`), so the label has one
+//! value per configured band and no more. Without configured bands every
+//! priority would be a band of its own, an unbounded label: then these
+//! series do not exist. No series ever carries a tenant (unbounded too).
+//!
+//! | suffix | type | labels | meaning |
+//! |---|---|---|---|
+//! | `request_queue_by_priority_count` | gauge | `dp_rank`, `priority` | requests waiting in the gate's queue |
+//! | `request_admit_by_priority_total` | counter | `dp_rank`, `priority` | requests admitted (both sources) |
+//! | `rejection_by_priority_total` | counter | `dp_rank`, `priority` | requests rejected (every scope and reason) |
+//!
+//! Summed over `priority` they equal `request_queue_count`,
+//! `request_admit_total` (both sources) and `rejection_total`. A request
+//! that ages into a higher band (an aging interval is set) still counts
+//! under the band it arrived in.
 //!
 //! After settling, `request_receive_total` = `request_admit_total` (both
 //! sources) + `rejection_total` (both scopes) + `cancellation_total`, per
@@ -78,6 +98,24 @@
 //! taking the gate's lock, and once inside it for an event that admits
 //! queued requests. Without the `metrics` feature the gate never reads the
 //! clock.
+//!
+//! # The age of the oldest queued request
+//!
+//! `request_queue_oldest_age_seconds` is measured from the oldest queued
+//! request's arrival, which the gate notes anyway: on the gate's own clock
+//! ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)) when it
+//! keeps time (deadlines or aging on), so the age agrees with deadlines,
+//! aging and a test's paused clock; otherwise on `quanta`'s clock, from the
+//! stamp taken at every arrival for `request_queue_wait_seconds`. Arrivals
+//! cost nothing more; an event reads a clock once more, after the lock,
+//! only when a queue it touched is not empty.
+//!
+//! Like every gauge it is set at the gate's events, so between events it
+//! goes stale: a request stuck in a queue that nothing touches would keep
+//! the age of the last event. Call
+//! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) in the
+//! `/metrics` handler, before rendering, so each scrape sees the age at
+//! the scrape (the examples do).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -126,6 +164,10 @@ struct Names {
     request_queue_token_limit: String,
     request_queue_wait_seconds: String,
     engine_request_waiting_seconds: String,
+    request_queue_oldest_age_seconds: String,
+    request_queue_by_priority_count: String,
+    request_admit_by_priority_total: String,
+    rejection_by_priority_total: String,
 }
 
 impl Names {
@@ -150,6 +192,10 @@ impl Names {
             request_queue_token_limit: name("request_queue_token_limit"),
             request_queue_wait_seconds: name("request_queue_wait_seconds"),
             engine_request_waiting_seconds: name("engine_request_waiting_seconds"),
+            request_queue_oldest_age_seconds: name("request_queue_oldest_age_seconds"),
+            request_queue_by_priority_count: name("request_queue_by_priority_count"),
+            request_admit_by_priority_total: name("request_admit_by_priority_total"),
+            rejection_by_priority_total: name("rejection_by_priority_total"),
         }
     }
 
@@ -183,7 +229,7 @@ impl Names {
         describe_counter!(
             self.rejection_total.clone(),
             Unit::Count,
-            "Requests rejected as overload, naming their rank (scope=rank) or the whole worker (scope=worker)."
+            "Requests rejected as overload, naming their rank (scope=rank) or the whole worker (scope=worker); with deadlines or priority bands on, why (reason=queue_full|deadline|displaced)."
         );
         describe_counter!(
             self.cancellation_total.clone(),
@@ -214,6 +260,30 @@ impl Names {
             self.engine_request_waiting_seconds.clone(),
             Unit::Seconds,
             "Time from admission to the first generated token or completion."
+        );
+        describe_gauge!(
+            self.request_queue_oldest_age_seconds.clone(),
+            Unit::Seconds,
+            "How long the oldest request still waiting in the gate's queue has waited (0 when the queue is empty), as of the gate's last event or metrics refresh."
+        );
+    }
+
+    fn describe_priorities(&self) {
+        use metrics::{describe_counter, describe_gauge};
+        describe_gauge!(
+            self.request_queue_by_priority_count.clone(),
+            Unit::Count,
+            "Requests waiting in the gate's queue, by the configured priority band they arrived in."
+        );
+        describe_counter!(
+            self.request_admit_by_priority_total.clone(),
+            Unit::Count,
+            "Requests admitted to the engine (either source), by the configured priority band they arrived in."
+        );
+        describe_counter!(
+            self.rejection_by_priority_total.clone(),
+            Unit::Count,
+            "Requests rejected as overload (any scope and reason), by the configured priority band they arrived in."
         );
     }
 }
@@ -307,6 +377,77 @@ impl TokenMetrics {
     }
 }
 
+/// The series of one configured priority band of one bucket, registered
+/// only when bands are configured: the `priority` label takes one value per
+/// configured band, so its cardinality is the configuration's.
+struct BandMetrics {
+    queued: Gauge,
+    admitted: Counter,
+    rejected: Counter,
+}
+
+impl BandMetrics {
+    fn register(names: &Names, dp_rank: &str, priority: &str) -> Self {
+        use metrics::{counter, gauge};
+        let labels = || {
+            [
+                ("dp_rank", dp_rank.to_owned()),
+                ("priority", priority.to_owned()),
+            ]
+        };
+        BandMetrics {
+            queued: gauge!(names.request_queue_by_priority_count.clone(), &labels()),
+            admitted: counter!(names.request_admit_by_priority_total.clone(), &labels()),
+            rejected: counter!(names.rejection_by_priority_total.clone(), &labels()),
+        }
+    }
+}
+
+/// What every bucket's series look like: which optional series exist.
+/// Decided from the configuration when the gate is built.
+struct Shape {
+    /// The configured limits when a token limit is set: then every bucket
+    /// has token series too.
+    token_limits: Option<Limits>,
+    /// Whether rejections carry a `reason` label: the gate keeps time, so
+    /// some may be for a deadline, or priority bands are configured, so
+    /// some may be displaced.
+    reasons: bool,
+    /// The `priority` label of each configured band, lowest first; empty:
+    /// no per-priority series.
+    priorities: Vec<String>,
+}
+
+impl Shape {
+    fn of(config: &AdmissionConfig) -> Self {
+        let limits = config.limits_for(None);
+        let token_limits = (limits.engine_waiting_token_limit.is_some()
+            || limits.engine_token_limit.is_some()
+            || limits.request_queue_token_limit.is_some())
+        .then_some(limits);
+        let priorities: Vec<String> = config
+            .explicit_priority_bands()
+            .iter()
+            .map(i32::to_string)
+            .collect();
+        Shape {
+            token_limits,
+            reasons: config.deadlines_enabled() || !priorities.is_empty(),
+            priorities,
+        }
+    }
+
+    /// No optional series.
+    #[cfg(test)]
+    fn plain() -> Self {
+        Shape {
+            token_limits: None,
+            reasons: false,
+            priorities: Vec::new(),
+        }
+    }
+}
+
 /// The handles of one bucket: a rank, or the unranked requests.
 struct BucketMetrics {
     engine_requests: Gauge,
@@ -324,12 +465,18 @@ struct BucketMetrics {
     /// Rejections of each scope for a deadline, with reasons on.
     expired_rank: Counter,
     expired_worker: Counter,
+    /// Rejections of each scope of displaced requests, with reasons on.
+    displaced_rank: Counter,
+    displaced_worker: Counter,
     /// Whether the rejection series carry a `reason` label.
     reasons: bool,
     cancelled: Counter,
     queue_wait: Histogram,
     engine_waiting_time: Histogram,
+    oldest_wait: Gauge,
     tokens: Option<TokenMetrics>,
+    /// One per configured priority band, lowest first.
+    bands: Vec<BandMetrics>,
     /// The latest events applied, so that observations racing each other
     /// out of the gate leave the latest values behind.
     applied: Mutex<Applied>,
@@ -344,13 +491,8 @@ struct Applied {
 impl BucketMetrics {
     /// Registers the series of one `dp_rank` value with the current
     /// recorder; should the recorder panic, the bucket records nothing.
-    fn register(
-        names: &Names,
-        token_limits: Option<&Limits>,
-        reasons: bool,
-        rank: Option<u32>,
-    ) -> Self {
-        let register = || Self::try_register(names, token_limits, reasons, rank);
+    fn register(names: &Names, shape: &Shape, rank: Option<u32>) -> Self {
+        let register = || Self::try_register(names, shape, rank);
         catch_unwind(AssertUnwindSafe(register)).unwrap_or_else(|_| {
             tracing::warn!(
                 ?rank,
@@ -375,21 +517,20 @@ impl BucketMetrics {
             rejected_worker: Counter::noop(),
             expired_rank: Counter::noop(),
             expired_worker: Counter::noop(),
+            displaced_rank: Counter::noop(),
+            displaced_worker: Counter::noop(),
             reasons: false,
             cancelled: Counter::noop(),
             queue_wait: Histogram::noop(),
             engine_waiting_time: Histogram::noop(),
+            oldest_wait: Gauge::noop(),
             tokens: None,
+            bands: Vec::new(),
             applied: Mutex::default(),
         }
     }
 
-    fn try_register(
-        names: &Names,
-        token_limits: Option<&Limits>,
-        reasons: bool,
-        rank: Option<u32>,
-    ) -> Self {
+    fn try_register(names: &Names, shape: &Shape, rank: Option<u32>) -> Self {
         use metrics::{counter, gauge, histogram};
         let dp_rank = rank.map_or_else(|| UNSPECIFIED.to_owned(), |rank| rank.to_string());
         let gauge = |name: &String| gauge!(name.clone(), "dp_rank" => dp_rank.clone());
@@ -404,9 +545,11 @@ impl BucketMetrics {
                 counter!(names.rejection_total.clone(), "dp_rank" => dp_rank.clone(), "scope" => scope, "reason" => reason)
             }
         };
+        let reasons = shape.reasons;
         let full = reasons.then_some("queue_full");
-        let deadline = |scope| match reasons {
-            true => rejected(scope, Some("deadline")),
+        // Series of a reason other than a full queue, with reasons on.
+        let because = |scope, reason| match reasons {
+            true => rejected(scope, Some(reason)),
             false => Counter::noop(),
         };
         BucketMetrics {
@@ -427,15 +570,29 @@ impl BucketMetrics {
             },
             rejected_worker: rejected("worker", full),
             expired_rank: match rank {
-                Some(_) => deadline("rank"),
+                Some(_) => because("rank", "deadline"),
                 None => Counter::noop(),
             },
-            expired_worker: deadline("worker"),
+            expired_worker: because("worker", "deadline"),
+            displaced_rank: match rank {
+                Some(_) => because("rank", "displaced"),
+                None => Counter::noop(),
+            },
+            displaced_worker: because("worker", "displaced"),
             reasons,
             cancelled: counter(&names.cancellation_total),
             queue_wait: histogram(&names.request_queue_wait_seconds),
             engine_waiting_time: histogram(&names.engine_request_waiting_seconds),
-            tokens: token_limits.map(|limits| TokenMetrics::register(names, limits, &dp_rank)),
+            oldest_wait: gauge(&names.request_queue_oldest_age_seconds),
+            tokens: shape
+                .token_limits
+                .as_ref()
+                .map(|limits| TokenMetrics::register(names, limits, &dp_rank)),
+            bands: shape
+                .priorities
+                .iter()
+                .map(|priority| BandMetrics::register(names, &dp_rank, priority))
+                .collect(),
             applied: Mutex::default(),
         }
     }
@@ -453,8 +610,13 @@ impl BucketMetrics {
             self.engine_requests.set(counts.engine_requests as f64);
             self.engine_waiting.set(counts.engine_waiting as f64);
             self.queued.set(counts.queued as f64);
+            self.oldest_wait
+                .set(view.oldest_wait.map_or(0.0, |waited| waited.as_secs_f64()));
             if let Some(tokens) = &self.tokens {
                 tokens.set_counts(&counts);
+            }
+            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
+                metrics.queued.set(band.queued as f64);
             }
         }
         // Counters only grow, and are set from tallies that only grow: a
@@ -466,16 +628,23 @@ impl BucketMetrics {
             self.admitted_queue.absolute(tally.admitted_queue);
             if self.reasons {
                 self.rejected_rank
-                    .absolute(tally.rejected_rank - tally.expired_rank);
-                self.rejected_worker
-                    .absolute(tally.rejected_worker - tally.expired_worker);
+                    .absolute(tally.rejected_rank - tally.expired_rank - tally.displaced_rank);
+                self.rejected_worker.absolute(
+                    tally.rejected_worker - tally.expired_worker - tally.displaced_worker,
+                );
                 self.expired_rank.absolute(tally.expired_rank);
                 self.expired_worker.absolute(tally.expired_worker);
+                self.displaced_rank.absolute(tally.displaced_rank);
+                self.displaced_worker.absolute(tally.displaced_worker);
             } else {
                 self.rejected_rank.absolute(tally.rejected_rank);
                 self.rejected_worker.absolute(tally.rejected_worker);
             }
             self.cancelled.absolute(tally.cancelled);
+            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
+                metrics.admitted.absolute(band.tally.admitted);
+                metrics.rejected.absolute(band.tally.rejected);
+            }
         }
         if let Some((limits, ranks)) = limits {
             if seq > applied.limits {
@@ -504,12 +673,7 @@ impl BucketMetrics {
 /// in plain values, and never sees the gate's state.
 pub(crate) struct Recorder {
     names: Names,
-    /// The configured limits when a token limit is set: then every bucket
-    /// has token series too.
-    token_limits: Option<Limits>,
-    /// Whether rejections carry a `reason` label: the gate keeps time, so
-    /// some may be for a deadline.
-    reasons: bool,
+    shape: Shape,
     unranked: BucketMetrics,
     ranks: RankTable,
 }
@@ -531,29 +695,27 @@ impl Observer for Recorder {
     fn new(config: &AdmissionConfig) -> Self {
         let prefix = config.metrics_prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
         let names = Names::new(prefix);
-        let limits = config.limits_for(None);
-        let token_limits = (limits.engine_waiting_token_limit.is_some()
-            || limits.engine_token_limit.is_some()
-            || limits.request_queue_token_limit.is_some())
-        .then_some(limits);
+        let shape = Shape::of(config);
         contain(|| {
             names.describe();
-            if token_limits.is_some() {
+            if shape.token_limits.is_some() {
                 names.describe_tokens();
             }
+            if !shape.priorities.is_empty() {
+                names.describe_priorities();
+            }
         });
-        let reasons = config.deadlines_enabled();
         Recorder {
-            unranked: BucketMetrics::register(&names, token_limits.as_ref(), reasons, None),
+            unranked: BucketMetrics::register(&names, &shape, None),
             names,
-            token_limits,
-            reasons,
+            shape,
             ranks: RankTable::new(),
         }
     }
 
-    /// The gate was built, or the engine reported its capacity: every
-    /// gauge is set, new ranks are registered, vanished ranks zeroed.
+    /// The gate was built, the engine reported its capacity, or metrics
+    /// were refreshed: every gauge is set, new ranks are registered,
+    /// vanished ranks zeroed.
     fn configured(&self, configured: &Configured) {
         let seq = configured.seq;
         // Before the first report the gate assumes one rank.
@@ -603,12 +765,7 @@ impl Recorder {
         match rank {
             None => &self.unranked,
             Some(rank) => self.ranks.get_or_register(rank as usize, || {
-                BucketMetrics::register(
-                    &self.names,
-                    self.token_limits.as_ref(),
-                    self.reasons,
-                    Some(rank),
-                )
+                BucketMetrics::register(&self.names, &self.shape, Some(rank))
             }),
         }
     }
@@ -616,7 +773,7 @@ impl Recorder {
 
 /// The handles of every rank ever recognised, by rank number.
 ///
-/// It only grows, and only in [`Recorder::on_configured`] (under the gate's
+/// It only grows, and only in [`Recorder::configured`] (under the gate's
 /// lock); events read it without a lock of their own, so the gate's hot
 /// path takes one lock, not two. Chunk `k` holds ranks `2^k - 1` to
 /// `2^(k+1) - 2`, so a registered handle never moves.
@@ -693,7 +850,7 @@ mod tests {
         for rank in [0, 1, 2, 5, 2] {
             table.get_or_register(rank, || {
                 registered += 1;
-                BucketMetrics::register(&names, None, false, Some(rank as u32))
+                BucketMetrics::register(&names, &Shape::plain(), Some(rank as u32))
             });
         }
         assert_eq!(registered, 4);

@@ -236,6 +236,7 @@ fn expected_series(prefix: &str, ranks: &[&str]) -> BTreeSet<Series> {
         add("counter", "cancellation_total", dp_rank, None);
         add("histogram", "request_queue_wait_seconds", dp_rank, None);
         add("histogram", "engine_request_waiting_seconds", dp_rank, None);
+        add("gauge", "request_queue_oldest_age_seconds", dp_rank, None);
     }
     expected
 }
@@ -291,7 +292,7 @@ fn every_family_is_described_with_its_unit() {
         assert!(!description.is_empty());
         described.insert(key.name().to_owned(), unit);
     }
-    assert_eq!(described.len(), 12, "{described:?}");
+    assert_eq!(described.len(), 13, "{described:?}");
     for (name, unit) in described {
         let want = if name.ends_with("_seconds") {
             Unit::Seconds

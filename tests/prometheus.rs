@@ -176,6 +176,7 @@ fn check_common(exposition: &Exposition, prefix: &str) {
         ("engine_request_limit", "gauge"),
         ("engine_request_waiting_limit", "gauge"),
         ("request_queue_limit", "gauge"),
+        ("request_queue_oldest_age_seconds", "gauge"),
         ("request_receive_total", "counter"),
         ("cancellation_total", "counter"),
     ] {
@@ -211,7 +212,7 @@ fn check_common(exposition: &Exposition, prefix: &str) {
     for family in exposition.types.keys() {
         assert!(exposition.helps.contains(family), "# HELP {family}");
     }
-    assert_eq!(exposition.types.len(), 12, "{:?}", exposition.types);
+    assert_eq!(exposition.types.len(), 13, "{:?}", exposition.types);
 
     // The traffic, as counted.
     let count = |suffix: &str, pairs: &[(&str, &str)]| exposition.value(&name(suffix), pairs);
@@ -276,6 +277,11 @@ fn check_common(exposition: &Exposition, prefix: &str) {
         );
         assert_eq!(
             count("request_queue_count", &[("dp_rank", rank)]),
+            0.0,
+            "drained"
+        );
+        assert_eq!(
+            count("request_queue_oldest_age_seconds", &[("dp_rank", rank)]),
             0.0,
             "drained"
         );

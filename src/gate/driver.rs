@@ -28,7 +28,7 @@ use ::loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::observe::{Configured, Observation, Observer, Stamp, contain};
+use super::observe::{BucketView, Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
 use super::state::{Arrival, Class, Demand, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
@@ -288,7 +288,9 @@ impl Gate {
                 queue_wait,
                 engine_waiting,
             } => {
-                let observation = Observation {
+                // Built in place, and the ages filled in after the lock:
+                // the observation is large, and this is the hot path.
+                let mut observation = Observation {
                     seq,
                     bucket: state.view(rank),
                     tally_changed,
@@ -304,23 +306,77 @@ impl Gate {
                     queue_wait,
                     engine_waiting,
                 };
-                drop(state);
-                wake_all(wakers);
-                contain(|| observer.observe(&observation));
-            }
-            Concerned::Everything => {
-                let (unranked, rank_buckets) = state.views();
-                let configured = Configured {
-                    seq,
-                    limits: state.limits(),
-                    ranks: state.recognised_ranks(),
-                    unranked,
-                    rank_buckets,
+                let oldest = oldest_arrival(&state, rank);
+                let offered_oldest: Vec<Option<Arrived>> = if observation.offered.is_empty() {
+                    Vec::new()
+                } else {
+                    observation
+                        .offered
+                        .iter()
+                        .map(|view| oldest_arrival(&state, view.rank))
+                        .collect()
                 };
                 drop(state);
                 wake_all(wakers);
+                let mut now = Now::of(&self.inner.clock);
+                now.measure(&mut observation.bucket, oldest);
+                for (view, oldest) in observation.offered.iter_mut().zip(offered_oldest) {
+                    now.measure(view, oldest);
+                }
+                contain(|| observer.observe(&observation));
+            }
+            Concerned::Everything => {
+                let mut configured = Configured {
+                    seq,
+                    limits: state.limits(),
+                    ranks: state.recognised_ranks(),
+                    unranked: state.view(None),
+                    rank_buckets: (0..state.known_ranks() as u32)
+                        .map(|rank| state.view(Some(rank)))
+                        .collect(),
+                };
+                let unranked_oldest = oldest_arrival(&state, None);
+                let ranks_oldest: Vec<Option<Arrived>> = configured
+                    .rank_buckets
+                    .iter()
+                    .map(|view| oldest_arrival(&state, view.rank))
+                    .collect();
+                drop(state);
+                wake_all(wakers);
+                let mut now = Now::of(&self.inner.clock);
+                now.measure(&mut configured.unranked, unranked_oldest);
+                for (view, oldest) in configured.rank_buckets.iter_mut().zip(ranks_oldest) {
+                    now.measure(view, oldest);
+                }
                 contain(|| observer.configured(&configured));
             }
+        }
+    }
+
+    /// Brings the gate's time-dependent metrics up to date: the age of the
+    /// oldest queued request of each rank
+    /// (`request_queue_oldest_age_seconds`) is measured now, and every
+    /// other series is set again from the gate's counts and tallies.
+    ///
+    /// The gate records metrics at its events (arrivals, admissions,
+    /// releases, cancellations); between events a queued request grows
+    /// older with no event to say so. Call this just before rendering
+    /// the metrics, in the `/metrics` handler, so a scrape sees the age
+    /// at the scrape:
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, Gate};
+    ///
+    /// let gate = Gate::new(AdmissionConfig::new());
+    /// // in the /metrics handler, before `PrometheusHandle::render`:
+    /// gate.refresh_metrics();
+    /// ```
+    ///
+    /// It takes the gate's lock once, briefly, and records outside it,
+    /// like any event. Without the `metrics` feature it does nothing.
+    pub fn refresh_metrics(&self) {
+        if DefaultObserver::ENABLED {
+            self.end_event(self.lock(), Concerned::Everything);
         }
     }
 
@@ -343,6 +399,71 @@ impl Gate {
             engine_waiting,
         };
         self.end_event(state, concerned);
+    }
+}
+
+/// When a queued request arrived, on the clock its age is measured with.
+///
+/// A gate that keeps time (deadlines or aging on) records each queued
+/// request's arrival on its own clock
+/// ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)), so ages
+/// agree with deadlines and aging, and with a test's paused clock. Any
+/// other gate measures on the observer's clock, from the stamp it takes at
+/// every arrival anyway (for `request_queue_wait_seconds`): recording the
+/// age costs an arrival nothing more.
+#[derive(Debug, Clone, Copy)]
+enum Arrived {
+    Gate(Instant),
+    Stamp(Stamp),
+}
+
+/// When the oldest queued request of a recognised rank's bucket (`None`:
+/// the unranked requests) arrived, read under the gate's lock: its age is
+/// measured once the lock is released.
+#[inline]
+fn oldest_arrival(state: &State<Waiter>, rank: Option<u32>) -> Option<Arrived> {
+    state
+        .oldest_queued(rank)
+        .map(|(queued_at, waiter)| match queued_at {
+            Some(at) => Arrived::Gate(at),
+            None => Arrived::Stamp(waiter.queued_at),
+        })
+}
+
+/// The present, on each clock, read at most once and only when needed: an
+/// event that leaves every queue it touched empty reads no clock.
+struct Now<'a> {
+    clock: &'a Clock,
+    gate: Option<Instant>,
+    stamp: Option<Stamp>,
+}
+
+impl<'a> Now<'a> {
+    fn of(clock: &'a Clock) -> Self {
+        Now {
+            clock,
+            gate: None,
+            stamp: None,
+        }
+    }
+
+    /// Sets the age of `view`'s oldest queued request, which arrived at
+    /// `oldest` (`None`: nothing is queued, and no clock is read).
+    #[inline]
+    fn measure(&mut self, view: &mut BucketView, oldest: Option<Arrived>) {
+        if let Some(arrived) = oldest {
+            view.oldest_wait = Some(self.since(arrived));
+        }
+    }
+
+    fn since(&mut self, arrived: Arrived) -> Duration {
+        match arrived {
+            Arrived::Gate(at) => self
+                .gate
+                .get_or_insert_with(|| self.clock.now())
+                .saturating_duration_since(at),
+            Arrived::Stamp(at) => self.stamp.get_or_insert_with(Stamp::now).since(at),
+        }
     }
 }
 
@@ -490,14 +611,15 @@ impl Future for Acquire {
                         // what is new is the tally and the queue wait.
                         let observation = DefaultObserver::ENABLED.then(|| {
                             let rank = state.grant_rank(&grant);
-                            Observation {
+                            let observation = Observation {
                                 seq: state.next_event(),
                                 bucket: state.view(rank),
                                 tally_changed: true,
                                 offered: Vec::new(),
                                 queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
                                 engine_waiting: None,
-                            }
+                            };
+                            (observation, oldest_arrival(&state, rank))
                         });
                         (grant, waiter.offered_at, observation)
                     }
@@ -515,7 +637,8 @@ impl Future for Acquire {
         let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
             unreachable!("matched above")
         };
-        if let Some(observation) = observation {
+        if let Some((mut observation, oldest)) = observation {
+            Now::of(&gate.inner.clock).measure(&mut observation.bucket, oldest);
             let observer = &gate.inner.observer;
             contain(|| observer.observe(&observation));
         }

@@ -10,17 +10,32 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use super::types::{Counts, Tally};
+use super::types::{BandTally, Counts, Tally};
 use crate::config::{AdmissionConfig, Limits};
 
 /// One bucket — a rank, or the unranked requests — after an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) struct BucketView {
     /// The rank, `None` for the unranked requests.
     pub(crate) rank: Option<u32>,
     pub(crate) counts: Counts,
     pub(crate) tally: Tally,
+    /// Each configured priority band, lowest first; `None` unless bands
+    /// are configured.
+    pub(crate) bands: Option<Box<[BandView]>>,
+    /// How long the bucket's oldest queued request has waited, measured
+    /// after the lock was released; `None` when its queue is empty.
+    pub(crate) oldest_wait: Option<Duration>,
+}
+
+/// One configured priority band of a bucket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct BandView {
+    /// Requests of the band waiting in the queue.
+    pub(crate) queued: usize,
+    pub(crate) tally: BandTally,
 }
 
 /// What one event changed, in plain values.
@@ -44,8 +59,10 @@ pub(crate) struct Observation {
     pub(crate) engine_waiting: Option<Duration>,
 }
 
-/// The limits in force and every bucket, after the gate was built or the
-/// engine reported its capacity.
+/// The limits in force and every bucket, after the gate was built, the
+/// engine reported its capacity, or metrics were refreshed
+/// ([`Gate::refresh_metrics`](crate::Gate::refresh_metrics)): the whole
+/// picture, ages of the oldest queued requests measured afresh.
 #[derive(Debug, Clone)]
 // Read only by observers, and there is none without the `metrics` feature.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]

@@ -45,9 +45,10 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 
 use self::queue::{Ladder, Node, Nodes, Queue};
-use super::observe::BucketView;
+use super::observe::{BandView, BucketView};
 use super::types::{
-    AdmitSource, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tally, Tenant,
+    AdmitSource, BandTally, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tally,
+    Tenant,
 };
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
@@ -213,6 +214,9 @@ struct Bucket {
     counts: Counts,
     queue: Queue,
     tally: Tally,
+    /// Tallies per configured priority band, by rung; empty (and never
+    /// allocated) unless bands are configured.
+    bands: Vec<BandTally>,
     generation: u32,
     /// The last queue admission, or when the queue last became non-empty:
     /// the start of the interval the next queue admission ends.
@@ -367,6 +371,7 @@ impl<T> State<T> {
         if leads && self.engine_fits(bucket, demand) {
             let grant = self.charge(bucket, demand, AdmitSource::Direct);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
+            self.count_band(bucket, rung, |band| band.admitted += 1);
             return Arrival::Admitted(grant);
         }
         let victims = if self.queue_fits(bucket, demand) {
@@ -377,6 +382,7 @@ impl<T> State<T> {
                 None => {
                     return Arrival::Rejected(self.reject(
                         bucket,
+                        rung,
                         RejectionReason::QueueFull,
                         false,
                     ));
@@ -389,7 +395,12 @@ impl<T> State<T> {
                 .predicted_wait(bucket, rung)
                 .is_some_and(|wait| wait > budget)
             {
-                return Arrival::Rejected(self.reject(bucket, RejectionReason::Deadline, client));
+                return Arrival::Rejected(self.reject(
+                    bucket,
+                    rung,
+                    RejectionReason::Deadline,
+                    client,
+                ));
             }
         }
         let displaced = !victims.is_empty();
@@ -430,12 +441,30 @@ impl<T> State<T> {
     fn displace(&mut self, slot: Slot) {
         let key = self.entries[slot].bucket;
         let demand = self.entries[slot].demand;
+        let rung = self.entries[slot].node.rung;
         let (queue, entries) = self.queue_and_entries(key);
         queue.remove(entries, slot, false);
         self.unqueue(key, demand);
-        let overloaded = self.reject(key, RejectionReason::Displaced, false);
+        let overloaded = self.reject(key, rung, RejectionReason::Displaced, false);
         self.entries[slot].status = Status::Displaced(overloaded);
         self.offered.push(slot);
+    }
+
+    /// Counts into the tally of band `rung` of `key`'s bucket, when bands
+    /// are configured (otherwise there are no band tallies: priorities are
+    /// unbounded, and so would be the tallies).
+    #[inline]
+    fn count_band(&mut self, key: BucketKey, rung: i64, count: impl FnOnce(&mut BandTally)) {
+        let configured = self.ladder.configured_bands();
+        if configured == 0 {
+            return;
+        }
+        let tallies = &mut self.bucket_mut(key).bands;
+        if tallies.len() < configured {
+            tallies.resize(configured, BandTally::default());
+        }
+        // With bands configured, a rung is the index of its band.
+        count(&mut tallies[rung as usize]);
     }
 
     /// Whether waiting requests' bands rise with time.
@@ -443,9 +472,16 @@ impl<T> State<T> {
         self.ladder.ages()
     }
 
-    /// Counts a rejection of a request of `bucket` and says whom it
-    /// concerns.
-    fn reject(&mut self, bucket: BucketKey, reason: RejectionReason, client: bool) -> Overloaded {
+    /// Counts a rejection of a request of `bucket` that arrived in band
+    /// `rung`, and says whom it concerns.
+    fn reject(
+        &mut self,
+        bucket: BucketKey,
+        rung: i64,
+        reason: RejectionReason,
+        client: bool,
+    ) -> Overloaded {
+        self.count_band(bucket, rung, |band| band.rejected += 1);
         let scope = self.rejection_scope(bucket);
         let expired = u64::from(reason == RejectionReason::Deadline);
         let displaced = u64::from(reason == RejectionReason::Displaced);
@@ -518,12 +554,13 @@ impl<T> State<T> {
             return Expiry::Decided;
         }
         let (bucket, demand, client) = (entry.bucket, entry.demand, entry.client_deadline);
+        let rung = entry.node.rung;
         let (queue, entries) = self.queue_and_entries(bucket);
         queue.remove(entries, ticket.slot, false);
         self.entries.remove(ticket.slot);
         self.unqueue(bucket, demand);
         self.shrink_if_idle();
-        let overloaded = self.reject(bucket, RejectionReason::Deadline, client);
+        let overloaded = self.reject(bucket, rung, RejectionReason::Deadline, client);
         // A head that leaves uncovers the next, which may fit.
         self.dequeue();
         Expiry::Rejected(overloaded, self.label(bucket))
@@ -543,7 +580,9 @@ impl<T> State<T> {
         self.shrink_if_idle();
         match entry.status {
             Status::Offered(grant) => {
-                self.bucket_of_held_mut(grant.held).tally.admitted_queue += 1;
+                let key = self.current_bucket(grant.held);
+                self.bucket_mut(key).tally.admitted_queue += 1;
+                self.count_band(key, entry.node.rung, |band| band.admitted += 1);
                 Polled::Admitted(grant, entry.payload)
             }
             Status::Displaced(overloaded) => Polled::Rejected(overloaded, entry.payload),
@@ -679,6 +718,11 @@ impl<T> State<T> {
 
     /// Counts and tally of the bucket of a recognised rank (`None`: the
     /// unranked requests), for observers.
+    ///
+    /// The age of its oldest queued request is left out (`None`): the
+    /// state keeps no clock. The driver measures it from
+    /// [`oldest_queued`](Self::oldest_queued) once it has left its lock.
+    #[inline]
     pub(crate) fn view(&self, rank: Option<u32>) -> BucketView {
         let bucket = match rank {
             Some(rank) => &self.ranks[rank as usize],
@@ -688,23 +732,56 @@ impl<T> State<T> {
             rank,
             counts: bucket.counts,
             tally: bucket.tally,
+            bands: self.band_views(bucket),
+            oldest_wait: None,
         }
     }
 
-    /// Every bucket, for observers: the unranked one, then every rank ever
-    /// recognised (vanished ones included, with their tallies).
-    pub(crate) fn views(&self) -> (BucketView, Vec<BucketView>) {
-        let ranks = self
-            .ranks
-            .iter()
-            .enumerate()
-            .map(|(rank, bucket)| BucketView {
-                rank: Some(rank as u32),
-                counts: bucket.counts,
-                tally: bucket.tally,
-            })
-            .collect();
-        (self.view(None), ranks)
+    /// Every rank ever recognised, vanished ones included (they keep their
+    /// tallies): observers see `0..known_ranks()`.
+    pub(crate) fn known_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Each configured band of `bucket`, lowest first: its queued requests
+    /// and its tally. `None` without configured bands.
+    #[inline]
+    fn band_views(&self, bucket: &Bucket) -> Option<Box<[BandView]>> {
+        let configured = self.ladder.configured_bands();
+        if configured == 0 {
+            return None;
+        }
+        Some(self.configured_band_views(bucket, configured))
+    }
+
+    fn configured_band_views(&self, bucket: &Bucket, configured: usize) -> Box<[BandView]> {
+        let mut bands = vec![BandView::default(); configured];
+        for (band, tally) in bands.iter_mut().zip(&bucket.bands) {
+            band.tally = *tally;
+        }
+        // With bands configured, a rung is the index of its band.
+        for (rung, queued) in bucket.queue.band_lengths() {
+            bands[rung as usize].queued = queued;
+        }
+        bands.into_boxed_slice()
+    }
+
+    /// The request that has waited longest in the queue of a recognised
+    /// rank's bucket (`None`: the unranked requests), if any is queued:
+    /// when it was queued, if the gate keeps time, and its payload (where
+    /// a driver that does not keep time may have noted its arrival).
+    #[inline]
+    pub(crate) fn oldest_queued(&self, rank: Option<u32>) -> Option<(Option<Instant>, &T)> {
+        let bucket = match rank {
+            Some(rank) => &self.ranks[rank as usize],
+            None => &self.unranked,
+        };
+        if bucket.queue.is_empty() {
+            return None;
+        }
+        let slot = bucket.queue.oldest(&self.entries)?;
+        let entry = &self.entries[slot];
+        Some((entry.node.queued_at, &entry.payload))
     }
 
     /// Numbers the event just applied, for observers: later events get
@@ -1135,6 +1212,8 @@ impl<T> State<T> {
     }
 }
 
+#[cfg(test)]
+mod observe_tests;
 #[cfg(test)]
 mod qos_tests;
 #[cfg(test)]

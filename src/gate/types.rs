@@ -471,3 +471,16 @@ impl Snapshot {
         self.total.is_idle() && self.tally.received == self.tally.settled()
     }
 }
+
+/// How the requests of one configured priority band (SPEC §8) of one
+/// bucket have ended; kept only when
+/// [`AdmissionConfig::priority_bands`](crate::AdmissionConfig::priority_bands)
+/// are configured. A request counts under the band it arrived in, however
+/// far it aged while it waited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BandTally {
+    /// Admitted, on arrival or from the queue.
+    pub(crate) admitted: u64,
+    /// Rejected, for any reason and of either scope.
+    pub(crate) rejected: u64,
+}

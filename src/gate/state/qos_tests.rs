@@ -664,6 +664,13 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
         }
         prop_assert_eq!(state.total().queued, model.queued().count());
         prop_assert_eq!(state.tally().displaced(), model.displaced);
+        // The request queued longest, for the oldest-age gauge, with its
+        // arrival time when the gate keeps time (with aging).
+        let oldest = model.queued().min_by_key(|(_, req)| req.seq);
+        prop_assert_eq!(
+            state.oldest_queued(None).map(|(at, &i)| (at, i)),
+            oldest.map(|(i, req)| (aging.then_some(req.queued_at), i))
+        );
     }
     Ok(())
 }

@@ -151,6 +151,12 @@ impl Ladder {
         above.saturating_sub(1) as i64
     }
 
+    /// How many bands are configured (0: every priority is its own band).
+    /// With bands configured, a rung is an index below this.
+    pub(crate) fn configured_bands(&self) -> usize {
+        self.bands.len()
+    }
+
     /// Whether bands rise with time.
     pub(crate) fn ages(&self) -> bool {
         self.aging.is_some()
@@ -288,14 +294,25 @@ impl Head {
 }
 
 impl Queue {
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// Queued requests per band rung, lowest first.
-    #[cfg(test)]
+    /// Queued requests per band rung (each request under the band it
+    /// arrived in, however far it has aged), lowest first; only bands with
+    /// requests.
     pub(crate) fn band_lengths(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
         self.bands.iter().map(|(&rung, band)| (rung, band.len))
+    }
+
+    /// The request queued longest: the oldest arrival over every band. One
+    /// look per band (one, by default).
+    pub(crate) fn oldest(&self, nodes: &impl Nodes) -> Option<Slot> {
+        self.bands
+            .values()
+            .filter_map(|band| band.arrivals.head)
+            .min_by_key(|&slot| nodes.node(slot).seq)
     }
 
     /// Queued requests in bands at or above `rung`: those a request joining

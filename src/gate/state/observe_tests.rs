@@ -1,0 +1,214 @@
+//! What the state hands observers about its queues (SPEC §8 metrics): the
+//! request queued longest in each bucket, and the per-band queue lengths
+//! and tallies kept only when priority bands are configured.
+
+use super::*;
+
+fn class(priority: i32) -> Class {
+    Class {
+        priority,
+        tenant: None,
+    }
+}
+
+/// A state with one engine slot, taken by a request (of priority 0) that
+/// holds it until `finish`ed; `queue` places behind it.
+fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str>, Grant) {
+    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(queue));
+    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running") else {
+        panic!("the first request is admitted")
+    };
+    (state, holder)
+}
+
+fn arrive(state: &mut State<&'static str>, name: &'static str, priority: i32) -> Arrival {
+    state.arrive_as(None, Demand::default(), None, class(priority), name)
+}
+
+fn queue(state: &mut State<&'static str>, name: &'static str, priority: i32) -> Ticket {
+    match arrive(state, name, priority) {
+        Arrival::Queued(ticket, _) => ticket,
+        other => panic!("{name}: expected queued, got {other:?}"),
+    }
+}
+
+/// The name of the unranked bucket's oldest queued request.
+fn oldest(state: &State<&'static str>) -> Option<&'static str> {
+    state.oldest_queued(None).map(|(_, name)| *name)
+}
+
+/// `(queued, admitted, rejected)` of each configured band of the unranked
+/// bucket, lowest first.
+fn bands(state: &State<&'static str>) -> Vec<(usize, u64, u64)> {
+    state
+        .view(None)
+        .bands
+        .expect("bands are configured")
+        .iter()
+        .map(|band| (band.queued, band.tally.admitted, band.tally.rejected))
+        .collect()
+}
+
+/// Frees the engine slot and hands it to the next queued request, which
+/// must be `ticket`'s.
+fn serve_next(state: &mut State<&'static str>, running: &mut Grant, ticket: Ticket) {
+    state.finish(running);
+    state.drain_offered(|_, _| {});
+    let Polled::Admitted(grant, _) = state.poll(ticket) else {
+        panic!("the next request is admitted")
+    };
+    *running = grant;
+}
+
+#[test]
+fn the_oldest_queued_request_is_the_earliest_arrival_whatever_its_band() {
+    let (mut state, mut running) = busy(AdmissionConfig::new(), 10);
+    assert_eq!(oldest(&state), None, "nothing queued");
+    let low = queue(&mut state, "low", 0);
+    let high = queue(&mut state, "high", 5);
+    assert_eq!(oldest(&state), Some("low"), "served last, waiting longest");
+    serve_next(&mut state, &mut running, high);
+    assert_eq!(oldest(&state), Some("low"));
+    let later = queue(&mut state, "later", 5);
+    state.cancel(low).unwrap();
+    assert_eq!(oldest(&state), Some("later"), "the next oldest");
+    state.cancel(later).unwrap();
+    assert_eq!(oldest(&state), None);
+    state.finish(&mut running);
+}
+
+#[test]
+fn the_oldest_queued_request_carries_its_arrival_time_only_when_the_gate_keeps_time() {
+    let (mut untimed, mut running) = busy(AdmissionConfig::new(), 10);
+    queue(&mut untimed, "r", 0);
+    assert!(matches!(untimed.oldest_queued(None), Some((None, &"r"))));
+    untimed.finish(&mut running);
+
+    let start = Instant::now();
+    let config = AdmissionConfig::new().request_deadlines(true);
+    let mut timed = State::new(config.engine_request_limit(1).request_queue_limit(10));
+    timed.advance(start);
+    let Arrival::Admitted(mut running) = timed.arrive(None, Demand::default(), None, "running")
+    else {
+        panic!("admitted")
+    };
+    timed.advance(start + Duration::from_secs(3));
+    queue(&mut timed, "first", 0);
+    timed.advance(start + Duration::from_secs(5));
+    queue(&mut timed, "second", 0);
+    let Some((Some(queued_at), &"first")) = timed.oldest_queued(None) else {
+        panic!("the first is the oldest, with its time")
+    };
+    assert_eq!(queued_at, start + Duration::from_secs(3));
+    timed.finish(&mut running);
+}
+
+#[test]
+fn without_configured_bands_there_are_no_band_views_or_tallies() {
+    let (mut state, mut running) = busy(AdmissionConfig::new(), 1);
+    queue(&mut state, "low", 0);
+    queue(&mut state, "high", 5); // displaces low
+    assert!(matches!(
+        arrive(&mut state, "full", 5),
+        Arrival::Rejected(_)
+    ));
+    assert!(state.view(None).bands.is_none());
+    assert_eq!(state.unranked.bands.capacity(), 0, "never allocated");
+    state.finish(&mut running);
+}
+
+#[test]
+fn band_tallies_count_each_request_under_the_band_it_arrived_in() {
+    let config = AdmissionConfig::new().priority_bands([0, 10]);
+    let (mut state, mut running) = busy(config, 2);
+    assert_eq!(bands(&state), [(0, 1, 0), (0, 0, 0)], "running: band 0");
+    let l1 = queue(&mut state, "L1", 3);
+    queue(&mut state, "L2", 0);
+    assert_eq!(bands(&state), [(2, 1, 0), (0, 0, 0)]);
+    // A full queue: H (band 10) displaces L2, the newest of band 0.
+    let h = queue(&mut state, "H", 12);
+    state.drain_offered(|_, _| {});
+    assert_eq!(bands(&state), [(1, 1, 1), (1, 0, 0)]);
+    // No lower band left to displace for another band-0 request.
+    let Arrival::Rejected(overloaded) = arrive(&mut state, "L3", -7) else {
+        panic!("a full queue")
+    };
+    assert_eq!(overloaded.reason(), RejectionReason::QueueFull);
+    assert_eq!(bands(&state), [(1, 1, 2), (1, 0, 0)]);
+    serve_next(&mut state, &mut running, h);
+    assert_eq!(bands(&state), [(1, 1, 2), (0, 1, 0)]);
+    serve_next(&mut state, &mut running, l1);
+    assert_eq!(bands(&state), [(0, 2, 2), (0, 1, 0)]);
+    state.finish(&mut running);
+    let tally = state.unranked_tally();
+    assert_eq!(tally.admitted(), 3, "the bands add up to the tally");
+    assert_eq!(tally.rejected(), 2);
+}
+
+#[test]
+fn an_aged_request_stays_in_the_band_it_arrived_in() {
+    let start = Instant::now();
+    let config = AdmissionConfig::new()
+        .priority_bands([0, 10])
+        .aging_interval(Duration::from_secs(1));
+    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
+    state.advance(start);
+    let Arrival::Admitted(mut running) = state.arrive(None, Demand::default(), None, "running")
+    else {
+        panic!("admitted")
+    };
+    let low = queue(&mut state, "low", 0);
+    state.advance(start + Duration::from_secs(5));
+    queue(&mut state, "high", 10);
+    assert_eq!(bands(&state), [(1, 1, 0), (1, 0, 0)]);
+    // Risen above band 10, low goes first, and counts as band 0's.
+    serve_next(&mut state, &mut running, low);
+    assert_eq!(bands(&state), [(0, 2, 0), (1, 0, 0)]);
+    state.finish(&mut running);
+}
+
+#[test]
+fn an_expired_request_is_rejected_in_its_band() {
+    let start = Instant::now();
+    let config = AdmissionConfig::new()
+        .priority_bands([0, 10])
+        .request_queue_wait_limit(Duration::from_secs(1));
+    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
+    state.advance(start);
+    let Arrival::Admitted(mut running) = state.arrive(None, Demand::default(), None, "running")
+    else {
+        panic!("admitted")
+    };
+    let high = queue(&mut state, "high", 10);
+    state.advance(start + Duration::from_secs(2));
+    assert!(matches!(state.expire(high), Expiry::Rejected(..)));
+    assert_eq!(bands(&state), [(0, 1, 0), (0, 0, 1)]);
+    state.finish(&mut running);
+}
+
+#[test]
+fn a_vanished_ranks_queued_requests_move_to_the_unranked_bands_and_oldest() {
+    let config = AdmissionConfig::new()
+        .priority_bands([0, 10])
+        .engine_request_limit(1)
+        .request_queue_limit(10)
+        .capacity(EngineCapacity::new(8, 2));
+    let mut state: State<&'static str> = State::new(config);
+    let Arrival::Admitted(mut running) = state.arrive(Some(1), Demand::default(), None, "running")
+    else {
+        panic!("admitted")
+    };
+    state.arrive_as(Some(1), Demand::default(), None, class(10), "ranked");
+    assert_eq!(state.view(Some(1)).bands.unwrap()[1].queued, 1);
+    assert!(matches!(state.oldest_queued(Some(1)), Some((_, &"ranked"))));
+    state.report_capacity(EngineCapacity::new(8, 1));
+    assert_eq!(state.view(Some(1)).bands.unwrap()[1].queued, 0);
+    assert_eq!(state.oldest_queued(Some(1)), None);
+    assert_eq!(
+        bands(&state),
+        [(0, 0, 0), (1, 0, 0)],
+        "tallies stay with rank 1"
+    );
+    assert_eq!(oldest(&state), Some("ranked"));
+    state.finish(&mut running);
+}
