@@ -614,16 +614,22 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
                 let Held::Granted(grant) = &mut held[i] else {
                     unreachable!()
                 };
+                // Only an event that releases capacity looks at the queue
+                // again: a second first token or finish changes nothing,
+                // even where aging has reordered the queue meanwhile.
+                let before = model.reqs[i].phase;
                 if matches!(op, Op::Finish(_)) {
                     state.finish(grant);
                     model.reqs[i].phase = Phase::Done;
                 } else {
                     state.first_token(grant);
-                    if model.reqs[i].phase == (Phase::Admitted { waiting: true }) {
+                    if before == (Phase::Admitted { waiting: true }) {
                         model.reqs[i].phase = Phase::Admitted { waiting: false };
                     }
                 }
-                expected_offers.extend(model.dequeue());
+                if model.reqs[i].phase != before {
+                    expected_offers.extend(model.dequeue());
+                }
             }
             Op::Cancel(pick) => {
                 let queued: Vec<usize> = model.queued().map(|(i, _)| i).collect();
