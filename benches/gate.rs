@@ -4,7 +4,8 @@
 //!   through `Gate`, against `tokio::sync::Semaphore` acquire/release and
 //!   `tower::limit::ConcurrencyLimit` around an always-ready service.
 //! * `queue_depth`: admitting the head of the queue, and cancelling a queued
-//!   request, with 10 and with 100,000 requests queued.
+//!   request, with 10 and with 100,000 requests queued; in the interleaved
+//!   table also with QoS on (three priority bands, a thousand tenants).
 //!
 //! Run: `cargo bench --bench gate` (the gate with its default features,
 //! metrics compiled in, no recorder installed) and
@@ -21,7 +22,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures::FutureExt;
 use futures::task::noop_waker_ref;
 use tower::{Service, limit::ConcurrencyLimit};
-use tower_admission::{Acquire, AdmissionConfig, Gate};
+use tower_admission::{Acquire, AdmissionConfig, Descriptor, Gate, Tenant};
 
 fn uncontended(c: &mut Criterion) {
     let mut group = c.benchmark_group("uncontended");
@@ -95,6 +96,28 @@ fn queued_gate(depth: usize) -> (Gate, tower_admission::Permit, VecDeque<Acquire
     );
     let holder = gate.acquire(None).now_or_never().unwrap().unwrap();
     let waiters = (0..depth).map(|_| gate.acquire(None)).collect();
+    (gate, holder, waiters)
+}
+
+/// The `n`th request of the QoS queue: one of three priorities and of a
+/// thousand tenants, the first tenant weighted 3.
+fn qos_request(n: usize) -> Descriptor {
+    Descriptor::new()
+        .with_priority((n % 3) as i32)
+        .with_tenant(Tenant::from_id((n % 1000) as u64))
+}
+
+/// [`queued_gate`] with QoS on: three bands, tenants, weights.
+fn qos_queued_gate(depth: usize) -> (Gate, tower_admission::Permit, VecDeque<Acquire>) {
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .request_queue_limit(depth + 1)
+            .priority_bands([0, 1, 2])
+            .tenant_weight("0", 3),
+    );
+    let holder = gate.acquire(None).now_or_never().unwrap().unwrap();
+    let waiters = (0..depth).map(|n| gate.acquire_with(qos_request(n))).collect();
     (gate, holder, waiters)
 }
 
@@ -183,6 +206,28 @@ fn interleaved() {
             ("100,000 queued", &mut || {
                 drop(deep.pop_front());
                 deep.push_back(deep_gate.acquire(None));
+            }),
+        ],
+    );
+
+    // With QoS the queue is bands of tenants' flows: a newcomer joins its
+    // tenant's flow (a heap push when the flow was idle), a cancelled
+    // request leaves its lists and, as a flow's head, a stale heap entry.
+    let (shallow_gate, _shallow_holder, mut shallow) = qos_queued_gate(10);
+    let (deep_gate, _deep_holder, mut deep) = qos_queued_gate(100_000);
+    let (mut shallow_n, mut deep_n) = (10, 100_000);
+    support::print_table(
+        "QoS (3 bands, 1,000 tenants): cancel the oldest waiter, a newcomer joins",
+        &mut [
+            ("10 queued", &mut || {
+                drop(shallow.pop_front());
+                shallow.push_back(shallow_gate.acquire_with(qos_request(shallow_n)));
+                shallow_n += 1;
+            }),
+            ("100,000 queued", &mut || {
+                drop(deep.pop_front());
+                deep.push_back(deep_gate.acquire_with(qos_request(deep_n)));
+                deep_n += 1;
             }),
         ],
     );
