@@ -117,7 +117,9 @@ fn qos_queued_gate(depth: usize) -> (Gate, tower_admission::Permit, VecDeque<Acq
             .tenant_weight("0", 3),
     );
     let holder = gate.acquire(None).now_or_never().unwrap().unwrap();
-    let waiters = (0..depth).map(|n| gate.acquire_with(qos_request(n))).collect();
+    let waiters = (0..depth)
+        .map(|n| gate.acquire_with(qos_request(n)))
+        .collect();
     (gate, holder, waiters)
 }
 
