@@ -9,6 +9,7 @@
 //! drops it. Every wait is on an explicit signal (a channel, a closed
 //! sender), bounded by a timeout so that a broken layer fails the test
 //! instead of hanging it.
+#![cfg(feature = "http")]
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -38,6 +38,7 @@
 //! `CHAOS_SEED` replays a run's random choices (the seed is printed; the
 //! interleaving of a real server is not replayable). `chaos_smoke` runs a
 //! few hundred requests in the default test run.
+#![cfg(feature = "http")]
 
 use std::future::Future;
 use std::net::SocketAddr;

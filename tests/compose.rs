@@ -2,6 +2,7 @@
 //! concurrency limit and load shedding: where each goes, and why (see the
 //! `tower_admission::http` module docs). The clock is paused, so time passes
 //! only when every task is idle or the test advances it.
+#![cfg(feature = "http")]
 
 use std::future::poll_fn;
 use std::time::Duration;

@@ -5,6 +5,7 @@
 //! the budget of a time-to-first-token objective follows the engine's
 //! measured waiting time; the HTTP layer answers an expired request at
 //! once, gRPC ones `DEADLINE_EXCEEDED` for the client's own deadline.
+#![cfg(feature = "http")] // the gate's timer is tokio's, with the layer
 
 use std::convert::Infallible;
 use std::sync::Arc;

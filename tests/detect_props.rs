@@ -2,6 +2,7 @@
 //! wherever the body is split, waiting ends at the same absolute offset
 //! (SPEC §2.5). Realistic streams check where that is; arbitrary bytes check
 //! that nothing panics and every answer lies within its frame.
+#![cfg(feature = "http")]
 
 use proptest::prelude::*;
 use proptest::sample::{Index, select};

@@ -14,6 +14,7 @@
 //! The fuzz targets in `fuzz/` (`.ci/fuzz.sh`) go further on the detectors
 //! and the rank header alone; the property test here sends arbitrary header
 //! values through the layer.
+#![cfg(feature = "http")]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

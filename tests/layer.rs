@@ -1,6 +1,7 @@
 //! The admission layer against a mock inner service, step by step: what
 //! reaches the inner service, in which order, what a rejected request
 //! receives, and when each piece of engine capacity comes back.
+#![cfg(feature = "http")]
 
 use std::convert::Infallible;
 use std::pin::Pin;

@@ -5,6 +5,7 @@
 //! again. Each panic is caught the way a server catches it: by the task
 //! that ran the request (a `JoinError`), or by `catch_unwind` around a
 //! synchronous `call`.
+#![cfg(feature = "http")]
 
 use std::convert::Infallible;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -7,6 +7,7 @@
 //! codegen-free tonic APIs: prost messages derived in place, a
 //! `ServerStreamingService` served through `tonic::server::Grpc`, and a
 //! client built on `tonic::client::Grpc`.
+#![cfg(feature = "http")]
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
