@@ -127,3 +127,73 @@ fn without_priority_or_tenant_the_queue_is_fifo() {
     drop(running);
     assert_idle(&gate.snapshot());
 }
+
+#[test]
+fn a_higher_priority_ranked_waiter_goes_before_an_older_unranked_one() {
+    // Two ranks of one request each: each rank is full, and so is the
+    // worker's combined capacity.
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .request_queue_limit(4)
+            .capacity(EngineCapacity::new(1, 2)),
+    );
+    let on = |rank| Descriptor::new().with_rank(Some(rank));
+    let on_rank0 = admitted_with(&gate, on(0));
+    let on_rank1 = admitted_with(&gate, on(1));
+    let mut unranked_low = queued_with(&gate, priority(0));
+    let mut rank0_high = queued_with(&gate, on(0).with_priority(2));
+    // Rank 0 frees its place: both waiters fit, the higher band goes first
+    // although the unranked one is older.
+    drop(on_rank0);
+    assert!(!unranked_low.is_woken());
+    let high = admitted_from_queue(&mut rank0_high);
+    assert_pending!(unranked_low.poll());
+    // Rank 1 frees its place: the unranked waiter fits the combined capacity.
+    drop(on_rank1);
+    let low = admitted_from_queue(&mut unranked_low);
+    drop((high, low));
+    assert_idle(&gate.snapshot());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_aged_waiter_goes_before_newer_higher_priority_work() {
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .request_queue_limit(10)
+            .aging_interval(std::time::Duration::from_secs(1))
+            .clock(|| tokio::time::Instant::now().into_std()),
+    );
+    let running = admitted_with(&gate, Descriptor::new());
+    let mut low = queued_with(&gate, priority(0));
+    // After one interval the low band is level with band 1, and older.
+    tokio::time::advance(std::time::Duration::from_millis(1_500)).await;
+    let mut high = queued_with(&gate, priority(1));
+    drop(running);
+    assert!(!high.is_woken());
+    let low_permit = admitted_from_queue(&mut low);
+    assert_pending!(high.poll());
+    drop(low_permit);
+    drop(admitted_from_queue(&mut high));
+    assert_idle(&gate.snapshot());
+}
+
+#[tokio::test(start_paused = true)]
+async fn before_an_aging_interval_passes_the_higher_band_still_goes_first() {
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .request_queue_limit(10)
+            .aging_interval(std::time::Duration::from_secs(1))
+            .clock(|| tokio::time::Instant::now().into_std()),
+    );
+    let running = admitted_with(&gate, Descriptor::new());
+    let mut low = queued_with(&gate, priority(0));
+    tokio::time::advance(std::time::Duration::from_millis(900)).await;
+    let mut high = queued_with(&gate, priority(1));
+    drop(running);
+    assert!(!low.is_woken());
+    drop(admitted_from_queue(&mut high));
+    drop(admitted_from_queue(&mut low));
+    assert_idle(&gate.snapshot());
+}
