@@ -18,9 +18,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
 use tower::retry::Policy;
-use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
 use tower::retry::budget::{Budget, TpsBudget};
-use tower::util::rng::HasherRng;
+use tower::util::rng::{HasherRng, Rng};
 
 use super::answer::{OverloadAnswer, parse_grpc_timeout};
 use super::worker::CooldownApplied;
@@ -111,7 +110,8 @@ impl<L: ReplayBody, R: ReplayBody> ReplayBody for http_body_util::Either<L, R> {
 /// twice as long as the one before.
 pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_millis(25);
 
-/// No backoff is longer.
+/// The base of the backoff stops doubling here: no wait is longer than
+/// twice this.
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Retries of one request, whatever the budget still allows.
@@ -125,9 +125,10 @@ pub const DEFAULT_MAX_RETRIES: u32 = 3;
 /// the retry goes to another worker) or of a single upstream.
 ///
 /// - **Backoff**: exponential from [`DEFAULT_MIN_BACKOFF`] to
-///   [`DEFAULT_MAX_BACKOFF`], each wait between one and two times its base
-///   (tower's `ExponentialBackoff` with jitter 1), drawn per request, so
-///   that requests rejected together do not come back together.
+///   [`DEFAULT_MAX_BACKOFF`], each wait drawn uniformly between one and two
+///   times its base, per request and to the nanosecond, so that requests
+///   rejected together do not come back together — also once the base has
+///   reached its maximum.
 /// - **The server's word**: when the answer names `Retry-After` or
 ///   `grpc-retry-pushback-ms`, the retry waits at least that long, unless a
 ///   [`Worker`](super::Worker) already took the rejecting worker out of
@@ -155,8 +156,8 @@ pub struct OverloadRetry<G = TpsBudget> {
     max_retries: u32,
     /// Sends of this request so far (the template's stays 0).
     sends: u32,
-    /// This request's backoff, made at its first retry.
-    backoff: Option<ExponentialBackoff>,
+    /// This request's source of jitter, made at its first retry.
+    rng: Option<HasherRng>,
 }
 
 impl<G> Clone for OverloadRetry<G> {
@@ -169,7 +170,7 @@ impl<G> Clone for OverloadRetry<G> {
             max_backoff: self.max_backoff,
             max_retries: self.max_retries,
             sends: self.sends,
-            backoff: self.backoff.clone(),
+            rng: self.rng.clone(),
         }
     }
 }
@@ -193,12 +194,13 @@ impl<G: Budget> OverloadRetry<G> {
             max_backoff: DEFAULT_MAX_BACKOFF,
             max_retries: DEFAULT_MAX_RETRIES,
             sends: 0,
-            backoff: None,
+            rng: None,
         }
     }
 
     /// Sets the backoff's bounds: the first retry waits between `min` and
-    /// twice `min`, each later one twice as long, never more than `max`.
+    /// twice `min`, each later one from a base twice as long, the base
+    /// never more than `max` (so no wait is longer than twice `max`).
     ///
     /// # Panics
     ///
@@ -230,19 +232,26 @@ impl<G: Budget> OverloadRetry<G> {
         &self.budget
     }
 
-    /// The next backoff sleep of this request, with its jitter.
+    /// The next backoff sleep of this request: its base is `min` doubled
+    /// for each retry so far, at most `max`; the wait is drawn uniformly
+    /// between the base and twice the base.
+    ///
+    /// (tower's `ExponentialBackoff` is not used: it draws whole seconds
+    /// of a base of whole seconds, and no jitter at all once the base
+    /// reaches its maximum, so requests rejected together would come back
+    /// together.)
     fn next_backoff(&mut self) -> Sleep {
-        let (min, max) = (self.min_backoff, self.max_backoff);
-        self.backoff
-            .get_or_insert_with(|| {
-                // A fresh generator per request: tower's HasherRng repeats
-                // its sequence when cloned, and requests rejected together
-                // must not wait alike.
-                ExponentialBackoffMaker::new(min, max, 1.0, HasherRng::default())
-                    .expect("the bounds were checked when set")
-                    .make_backoff()
-            })
-            .next_backoff()
+        let retries_before = self.sends.saturating_sub(1);
+        let base = self
+            .min_backoff
+            .checked_mul(2u32.saturating_pow(retries_before))
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff);
+        // A fresh generator per request: tower's HasherRng repeats its
+        // sequence when cloned, and requests rejected together must not
+        // wait alike.
+        let jitter = self.rng.get_or_insert_with(HasherRng::default).next_f64();
+        tokio::time::sleep(base.mul_f64(1.0 + jitter))
     }
 }
 
