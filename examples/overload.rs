@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tower_admission::sim::sweep::{self, Calibration, Point, Scenario, Sweep, SweepConfig, System};
 
+#[path = "plot/mod.rs"]
+mod plot;
+
 const USAGE: &str = "\
 usage: overload [--fast] [--scenario NAME|all]... [--loads X,Y,..] [--seed N]
                 [--out DIR] [--ttft-slo SECONDS] [--tpot-slo MILLISECONDS]
@@ -545,62 +548,75 @@ fn style(system: System) -> (&'static str, &'static str) {
     }
 }
 
-struct Chart<'a> {
-    title: String,
-    y_label: &'static str,
-    /// Log scale (for latencies).
-    log_y: bool,
-    y_min: f64,
-    y_max: f64,
-    /// A dashed reference line: its points and legend label.
-    reference: Option<(Vec<(f64, f64)>, String)>,
-    series: Vec<(System, Vec<(f64, f64)>)>,
-    loads: &'a [f64],
-    x_label: String,
-    /// A footnote under the x axis label.
-    note: Option<&'static str>,
+/// The lines of `config.systems`, each from its points of the sweep.
+fn lines(
+    result: &Sweep,
+    config: &SweepConfig,
+    value: impl Fn(&Point) -> Option<f64>,
+) -> Vec<plot::Series> {
+    config
+        .systems
+        .iter()
+        .map(|&system| {
+            let (color, stroke) = style(system);
+            plot::Series {
+                name: system.name().to_owned(),
+                color,
+                stroke,
+                points: result
+                    .points_of(system)
+                    .filter_map(|p| Some((p.load, value(p)?)))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The x axis of a sweep: offered load, a tick at each load run.
+fn load_ticks(config: &SweepConfig) -> (f64, Vec<(f64, String)>) {
+    let max_load = config.loads.iter().copied().fold(1.0, f64::max);
+    let ticks = std::iter::once(0.0)
+        .chain(config.loads.iter().copied())
+        .map(|load| (load, format!("{load}x")))
+        .collect();
+    (max_load, ticks)
 }
 
 fn goodput_plot(result: &Sweep, config: &SweepConfig, scenario: &Scenario) -> String {
     let capacity = result.capacity();
-    let max_load = config.loads.iter().copied().fold(1.0, f64::max);
+    let (max_load, x_ticks) = load_ticks(config);
     let max_goodput = result
         .points
         .iter()
         .map(|p| p.goodput)
         .fold(capacity, f64::max);
-    render(&Chart {
+    plot::render(&plot::Chart {
         title: format!(
             "{}: goodput (TTFT ≤ {:?}, TPOT ≤ {:?})",
             scenario.name, config.slo.ttft, config.slo.tpot
         ),
-        y_label: "goodput (req/s)",
+        x_label: format!("offered load (x capacity = {capacity:.1} req/s)"),
+        y_label: "goodput (req/s)".into(),
+        x_max: max_load,
+        x_ticks,
         log_y: false,
         y_min: 0.0,
-        y_max: nice_ceiling(max_goodput * 1.1),
+        y_max: plot::nice_ceiling(max_goodput * 1.1),
+        y_tick: |value| format!("{value:.0}"),
         reference: Some((
             vec![(0.0, 0.0), (1.0, capacity), (max_load, capacity)],
             "ideal".into(),
         )),
-        series: config
-            .systems
-            .iter()
-            .map(|&s| {
-                (
-                    s,
-                    result.points_of(s).map(|p| (p.load, p.goodput)).collect(),
-                )
-            })
-            .collect(),
-        loads: &config.loads,
-        x_label: format!("offered load (x capacity = {capacity:.1} req/s)"),
+        marker: None,
+        series: lines(result, config, |p| Some(p.goodput)),
+        dots: true,
         note: None,
     })
 }
 
 fn ttft_plot(result: &Sweep, config: &SweepConfig, scenario: &Scenario) -> String {
     let objective = config.slo.ttft.as_secs_f64();
-    let max_load = config.loads.iter().copied().fold(1.0, f64::max);
+    let (max_load, x_ticks) = load_ticks(config);
     let values: Vec<f64> = result
         .points
         .iter()
@@ -608,213 +624,31 @@ fn ttft_plot(result: &Sweep, config: &SweepConfig, scenario: &Scenario) -> Strin
         .collect();
     let y_min = values.iter().copied().fold(objective, f64::min);
     let y_max = values.iter().copied().fold(objective, f64::max);
-    render(&Chart {
+    plot::render(&plot::Chart {
         title: format!(
             "{}: p99 TTFT of admitted requests (objective {:?})",
             scenario.name, config.slo.ttft
         ),
-        y_label: "p99 TTFT (s, log scale)",
+        x_label: "offered load (x capacity)".into(),
+        y_label: "p99 TTFT (log scale)".into(),
+        x_max: max_load,
+        x_ticks,
         log_y: true,
         y_min: 10f64.powf(y_min.log10().floor()),
         y_max: 10f64.powf(y_max.log10().ceil()),
+        y_tick: plot::seconds_tick,
         reference: Some((
             vec![(0.0, objective), (max_load, objective)],
             "objective".into(),
         )),
-        series: config
-            .systems
-            .iter()
-            .map(|&s| {
-                (
-                    s,
-                    result
-                        .points_of(s)
-                        .filter_map(|p| {
-                            p.ttft_p99
-                                .map(|t| (p.load, t.value.as_secs_f64().max(0.001)))
-                        })
-                        .collect(),
-                )
-            })
-            .collect(),
-        loads: &config.loads,
-        x_label: "offered load (x capacity)".into(),
+        marker: None,
+        series: lines(result, config, |p| {
+            p.ttft_p99.map(|t| t.value.as_secs_f64().max(0.001))
+        }),
+        dots: true,
         note: Some(
-            "where requests still waited for a first token at the end of a run, p99 is a lower bound",
+            "where requests still waited for a first token at the end of a run, p99 is a lower bound"
+                .into(),
         ),
     })
-}
-
-fn render(chart: &Chart) -> String {
-    const WIDTH: f64 = 800.0;
-    const HEIGHT: f64 = 460.0;
-    const LEFT: f64 = 70.0;
-    const RIGHT: f64 = 230.0;
-    const TOP: f64 = 50.0;
-    const BOTTOM: f64 = 60.0;
-    let max_load = chart.loads.iter().copied().fold(1.0, f64::max);
-    let plot_width = WIDTH - LEFT - RIGHT;
-    let plot_height = HEIGHT - TOP - BOTTOM;
-    let x = |load: f64| LEFT + load / max_load * plot_width;
-    let scale = |v: f64| {
-        if chart.log_y {
-            (v.log10() - chart.y_min.log10()) / (chart.y_max.log10() - chart.y_min.log10())
-        } else {
-            (v - chart.y_min) / (chart.y_max - chart.y_min)
-        }
-    };
-    let y = |v: f64| TOP + plot_height - scale(v).clamp(0.0, 1.0) * plot_height;
-
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>"#,
-        LEFT + plot_width / 2.0,
-        chart.title
-    );
-    // Horizontal grid: five steps, or one per decade on a log scale.
-    let ticks: Vec<f64> = if chart.log_y {
-        let mut tick = chart.y_min;
-        let mut ticks = Vec::new();
-        while tick <= chart.y_max * 1.0001 {
-            ticks.push(tick);
-            tick *= 10.0;
-        }
-        ticks
-    } else {
-        (0..=5)
-            .map(|step| chart.y_min + (chart.y_max - chart.y_min) * step as f64 / 5.0)
-            .collect()
-    };
-    for value in ticks {
-        let at = y(value);
-        let label = if chart.log_y && value < 1.0 {
-            format!("{value}")
-        } else {
-            format!("{value:.0}")
-        };
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{LEFT}" y1="{at:.1}" x2="{:.1}" y2="{at:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
-            LEFT + plot_width,
-            LEFT - 8.0,
-            at + 4.0
-        );
-    }
-    for &load in std::iter::once(&0.0).chain(chart.loads) {
-        let at = x(load);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{at:.1}" y1="{TOP}" x2="{at:.1}" y2="{:.1}" stroke="#eee"/><text x="{at:.1}" y="{:.1}" text-anchor="middle">{load}x</text>"##,
-            TOP + plot_height,
-            TOP + plot_height + 18.0
-        );
-    }
-    let _ = writeln!(
-        svg,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{plot_width}" height="{plot_height}" fill="none" stroke="black"/>"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-        LEFT + plot_width / 2.0,
-        HEIGHT - 15.0,
-        chart.x_label
-    );
-    if let Some(note) = chart.note {
-        let _ = writeln!(
-            svg,
-            r##"<text x="{LEFT}" y="{:.1}" font-size="10" fill="#555">{note}</text>"##,
-            HEIGHT - 2.0
-        );
-    }
-    let _ = writeln!(
-        svg,
-        r#"<text transform="translate(20 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        TOP + plot_height / 2.0,
-        chart.y_label
-    );
-    if let Some((points, _)) = &chart.reference {
-        let points: Vec<String> = points
-            .iter()
-            .map(|&(l, v)| format!("{:.1},{:.1}", x(l), y(v)))
-            .collect();
-        let _ = writeln!(
-            svg,
-            r##"<polyline points="{}" fill="none" stroke="#888" stroke-dasharray="5,4"/>"##,
-            points.join(" ")
-        );
-    }
-    for (system, points) in &chart.series {
-        if points.is_empty() {
-            continue;
-        }
-        let (color, stroke) = style(*system);
-        let line: Vec<String> = points
-            .iter()
-            .map(|&(l, v)| format!("{:.1},{:.1}", x(l), y(v)))
-            .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline points="{}" fill="none" stroke="{color}" {stroke}/>"#,
-            line.join(" ")
-        );
-        for &(l, v) in points {
-            let _ = writeln!(
-                svg,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"><title>{}: {l}x, {v:.3}</title></circle>"#,
-                x(l),
-                y(v),
-                system.name(),
-            );
-        }
-    }
-    let legend_x = LEFT + plot_width + 20.0;
-    let mut legend_y = TOP + 10.0;
-    for (system, points) in &chart.series {
-        if points.is_empty() {
-            continue;
-        }
-        let (color, stroke) = style(*system);
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="{color}" {stroke}/><text x="{}" y="{}">{}</text>"#,
-            legend_x + 24.0,
-            legend_x + 30.0,
-            legend_y + 4.0,
-            system.name()
-        );
-        legend_y += 22.0;
-    }
-    if let Some((_, label)) = &chart.reference {
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="#888" stroke-dasharray="5,4"/><text x="{}" y="{}">{label}</text>"##,
-            legend_x + 24.0,
-            legend_x + 30.0,
-            legend_y + 4.0
-        );
-    }
-    svg.push_str("</svg>\n");
-    svg
-}
-
-/// The smallest of 1, 2, 2.5 or 5 times a power of ten that is at least
-/// `value`, so the axis has round ticks.
-fn nice_ceiling(value: f64) -> f64 {
-    let value = value.max(1.0);
-    let magnitude = 10f64.powf(value.log10().floor());
-    [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * magnitude)
-        .find(|&candidate| candidate >= value)
-        .unwrap_or(10.0 * magnitude)
 }

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 use tower_admission::sim::qos::{self, Evaluation, Policy, QosConfig};
 use tower_admission::sim::sweep::Percentile;
 
+#[path = "plot/mod.rs"]
+mod plot;
+
 const USAGE: &str = "\
 usage: qos [--seed N] [--aging SECONDS] [--wait-limit SECONDS]
            [--token-budget N] [--max-num-batched-tokens N] [--out DIR]
@@ -485,18 +488,13 @@ fn style(policy: Policy) -> (&'static str, &'static str) {
 /// Chat p95 TTFT in 2 s bins of arrival time, one line per policy, on a
 /// log scale; dashed lines where the batch starts and at chat's objective.
 fn ttft_plot(result: &Evaluation) -> String {
-    const WIDTH: f64 = 860.0;
-    const HEIGHT: f64 = 460.0;
-    const LEFT: f64 = 70.0;
-    const RIGHT: f64 = 250.0;
-    const TOP: f64 = 50.0;
-    const BOTTOM: f64 = 60.0;
     let config = &result.config;
     let bin = Duration::from_secs(2);
-    let series: Vec<(Policy, Vec<(f64, f64)>)> = result
+    let series: Vec<plot::Series> = result
         .runs
         .iter()
         .map(|run| {
+            let (color, stroke) = style(run.policy);
             let points = result
                 .ttft_series(run.policy, "chat", bin, 0.95)
                 .into_iter()
@@ -505,129 +503,47 @@ fn ttft_plot(result: &Evaluation) -> String {
                     (middle, p.value.as_secs_f64().max(0.001))
                 })
                 .collect();
-            (run.policy, points)
+            plot::Series {
+                name: run.policy.name().to_owned(),
+                color,
+                stroke,
+                points,
+            }
         })
         .collect();
     let objective = config.traffic[0].slo.ttft.as_secs_f64();
     let values = series
         .iter()
-        .flat_map(|(_, points)| points.iter().map(|p| p.1));
+        .flat_map(|series| series.points.iter().map(|p| p.1));
     let (low, high) = values.fold((objective, objective), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let y_min = 10f64.powf(low.log10().floor());
-    let y_max = 10f64.powf(high.log10().ceil());
     let x_max = config.record_until.as_secs_f64();
-    let plot_width = WIDTH - LEFT - RIGHT;
-    let plot_height = HEIGHT - TOP - BOTTOM;
-    let x = |t: f64| LEFT + t / x_max * plot_width;
-    let y = |v: f64| {
-        let scale = (v.log10() - y_min.log10()) / (y_max.log10() - y_min.log10());
-        TOP + plot_height - scale.clamp(0.0, 1.0) * plot_height
-    };
-
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="24" font-size="15" text-anchor="middle">chat p95 TTFT (2 s bins of arrival); batch at {}x from {:?}</text>"#,
-        LEFT + plot_width / 2.0,
-        config.traffic[1].load,
-        config.start_of("batch"),
-    );
-    let mut tick = y_min;
-    while tick <= y_max * 1.0001 {
-        let at = y(tick);
-        let label = if tick < 1.0 {
-            format!("{:.0} ms", tick * 1e3)
-        } else {
-            format!("{tick:.0} s")
-        };
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{LEFT}" y1="{at:.1}" x2="{:.1}" y2="{at:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
-            LEFT + plot_width,
-            LEFT - 8.0,
-            at + 4.0
-        );
-        tick *= 10.0;
-    }
-    let mut second = 0.0;
-    while second <= x_max {
-        let at = x(second);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{at:.1}" y1="{TOP}" x2="{at:.1}" y2="{:.1}" stroke="#eee"/><text x="{at:.1}" y="{:.1}" text-anchor="middle">{second:.0}</text>"##,
-            TOP + plot_height,
-            TOP + plot_height + 18.0
-        );
-        second += 10.0;
-    }
-    let _ = writeln!(
-        svg,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{plot_width}" height="{plot_height}" fill="none" stroke="black"/>"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">arrival time (s)</text>"#,
-        LEFT + plot_width / 2.0,
-        HEIGHT - 15.0
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text transform="translate(20 {:.1}) rotate(-90)" text-anchor="middle">chat p95 TTFT (log scale)</text>"#,
-        TOP + plot_height / 2.0
-    );
-    let start = x(config.start_of("batch").as_secs_f64());
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{start:.1}" y1="{TOP}" x2="{start:.1}" y2="{:.1}" stroke="#555" stroke-dasharray="4,4"/><text x="{:.1}" y="{:.1}" fill="#555">batch starts</text>"##,
-        TOP + plot_height,
-        start + 4.0,
-        TOP + 14.0
-    );
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#888" stroke-dasharray="5,4"/>"##,
-        y(objective),
-        LEFT + plot_width
-    );
-    let legend_x = LEFT + plot_width + 20.0;
-    let mut legend_y = TOP + 10.0;
-    for (policy, points) in &series {
-        let (color, stroke) = style(*policy);
-        let line: Vec<String> = points
-            .iter()
-            .map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v)))
-            .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline points="{}" fill="none" stroke="{color}" {stroke}/>"#,
-            line.join(" ")
-        );
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="{color}" {stroke}/><text x="{}" y="{}">{}</text>"#,
-            legend_x + 24.0,
-            legend_x + 30.0,
-            legend_y + 4.0,
-            policy.name()
-        );
-        legend_y += 22.0;
-    }
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="#888" stroke-dasharray="5,4"/><text x="{}" y="{}">chat objective ({:?})</text>"##,
-        legend_x + 24.0,
-        legend_x + 30.0,
-        legend_y + 4.0,
-        config.traffic[0].slo.ttft
-    );
-    svg.push_str("</svg>\n");
-    svg
+    let x_ticks = (0..=(x_max / 10.0) as u32)
+        .map(|step| (f64::from(step) * 10.0, format!("{}", step * 10)))
+        .collect();
+    plot::render(&plot::Chart {
+        title: format!(
+            "chat p95 TTFT (2 s bins of arrival); batch at {}x from {:?}",
+            config.traffic[1].load,
+            config.start_of("batch"),
+        ),
+        x_label: "arrival time (s)".into(),
+        y_label: "chat p95 TTFT (log scale)".into(),
+        x_max,
+        x_ticks,
+        log_y: true,
+        y_min: 10f64.powf(low.log10().floor()),
+        y_max: 10f64.powf(high.log10().ceil()),
+        y_tick: plot::seconds_tick,
+        reference: Some((
+            vec![(0.0, objective), (x_max, objective)],
+            format!("chat objective ({:?})", config.traffic[0].slo.ttft),
+        )),
+        marker: Some((
+            config.start_of("batch").as_secs_f64(),
+            "batch starts".into(),
+        )),
+        series,
+        dots: false,
+        note: None,
+    })
 }

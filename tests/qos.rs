@@ -155,15 +155,21 @@ fn a_higher_priority_ranked_waiter_goes_before_an_older_unranked_one() {
     assert_idle(&gate.snapshot());
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_aged_waiter_goes_before_newer_higher_priority_work() {
-    let gate = Gate::new(
+/// One engine slot and ten queue places; a waiting band rises a band a
+/// second, on tokio's clock.
+fn aging_gate() -> Gate {
+    Gate::new(
         AdmissionConfig::new()
             .engine_request_limit(1)
             .request_queue_limit(10)
             .aging_interval(std::time::Duration::from_secs(1))
             .clock(|| tokio::time::Instant::now().into_std()),
-    );
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_aged_waiter_goes_before_newer_higher_priority_work() {
+    let gate = aging_gate();
     let running = admitted_with(&gate, Descriptor::new());
     let mut low = queued_with(&gate, priority(0));
     // After one interval the low band is level with band 1, and older.
@@ -180,13 +186,7 @@ async fn an_aged_waiter_goes_before_newer_higher_priority_work() {
 
 #[tokio::test(start_paused = true)]
 async fn before_an_aging_interval_passes_the_higher_band_still_goes_first() {
-    let gate = Gate::new(
-        AdmissionConfig::new()
-            .engine_request_limit(1)
-            .request_queue_limit(10)
-            .aging_interval(std::time::Duration::from_secs(1))
-            .clock(|| tokio::time::Instant::now().into_std()),
-    );
+    let gate = aging_gate();
     let running = admitted_with(&gate, Descriptor::new());
     let mut low = queued_with(&gate, priority(0));
     tokio::time::advance(std::time::Duration::from_millis(900)).await;

@@ -528,8 +528,10 @@ async fn retries_back_off_exponentially_with_jitter() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn retries_at_the_maximum_backoff_still_spread() {
+/// Sends four requests at once to an upstream that rejects each of them
+/// once (worker-scoped), through `policy`; returns when each was retried,
+/// counted from the first sends, in order.
+async fn retry_times_of_four_rejected_together(policy: OverloadRetry) -> Vec<Duration> {
     let upstream = Scripted::new(&[
         Answer::WorkerOverloaded(None),
         Answer::WorkerOverloaded(None),
@@ -537,53 +539,6 @@ async fn retries_at_the_maximum_backoff_still_spread() {
         Answer::WorkerOverloaded(None),
         Answer::Ok,
     ]);
-    // The base starts at its maximum: every wait is between 100 s and
-    // 200 s, drawn to the nanosecond (long, so that the timer's millisecond
-    // grain merges two waits once in about 10^4 runs).
-    let policy = OverloadRetry::new(budget(100, 0.1))
-        .backoff(Duration::from_secs(100), Duration::from_secs(100));
-    let service = retrying(upstream.clone(), policy);
-    let start = Instant::now();
-    let calls: Vec<_> = (0..4)
-        .map(|_| {
-            let mut service = service.clone();
-            tokio::spawn(async move { service.ready().await?.call(request()).await })
-        })
-        .collect();
-    for call in calls {
-        assert_eq!(call.await.unwrap().unwrap().status(), 200);
-    }
-    let mut retried_at: Vec<Duration> = upstream.arrivals()[4..]
-        .iter()
-        .map(|&at| at - start)
-        .collect();
-    assert!(
-        retried_at
-            .iter()
-            .all(|&at| (Duration::from_secs(100)..=Duration::from_secs(200)).contains(&at)),
-        "{retried_at:?}"
-    );
-    retried_at.sort();
-    retried_at.dedup();
-    assert_eq!(
-        retried_at.len(),
-        4,
-        "retries at the maximum backoff came back together: {retried_at:?}"
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn concurrent_rejections_do_not_come_back_together() {
-    let upstream = Scripted::new(&[
-        Answer::WorkerOverloaded(None),
-        Answer::WorkerOverloaded(None),
-        Answer::WorkerOverloaded(None),
-        Answer::WorkerOverloaded(None),
-        Answer::Ok,
-    ]);
-    // Long backoffs: the timer's millisecond grain cannot merge them.
-    let policy = OverloadRetry::new(budget(100, 0.1))
-        .backoff(Duration::from_secs(10), Duration::from_secs(100));
     let service = retrying(upstream.clone(), policy);
     let start = Instant::now();
     let calls: Vec<_> = (0..4)
@@ -599,6 +554,37 @@ async fn concurrent_rejections_do_not_come_back_together() {
     assert!(arrivals[..4].iter().all(|&at| at == start));
     let mut retried_at: Vec<Duration> = arrivals[4..].iter().map(|&at| at - start).collect();
     retried_at.sort();
+    retried_at
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_at_the_maximum_backoff_still_spread() {
+    // The base starts at its maximum: every wait is between 100 s and
+    // 200 s, drawn to the nanosecond (long, so that the timer's millisecond
+    // grain merges two waits once in about 10^4 runs).
+    let policy = OverloadRetry::new(budget(100, 0.1))
+        .backoff(Duration::from_secs(100), Duration::from_secs(100));
+    let mut retried_at = retry_times_of_four_rejected_together(policy).await;
+    assert!(
+        retried_at
+            .iter()
+            .all(|&at| (Duration::from_secs(100)..=Duration::from_secs(200)).contains(&at)),
+        "{retried_at:?}"
+    );
+    retried_at.dedup();
+    assert_eq!(
+        retried_at.len(),
+        4,
+        "retries at the maximum backoff came back together: {retried_at:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_rejections_do_not_come_back_together() {
+    // Long backoffs: the timer's millisecond grain cannot merge them.
+    let policy = OverloadRetry::new(budget(100, 0.1))
+        .backoff(Duration::from_secs(10), Duration::from_secs(100));
+    let mut retried_at = retry_times_of_four_rejected_together(policy).await;
     retried_at.dedup();
     assert!(
         retried_at.len() >= 3,
