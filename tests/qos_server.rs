@@ -233,10 +233,9 @@ async fn higher_priority_requests_are_served_before_older_lower_ones() {
     );
 }
 
-#[tokio::test]
-async fn tenants_of_one_priority_take_turns() {
-    let server = one_at_a_time(8, &[], &[]);
-    let client = Client::new(&server);
+/// With one request running, tenant x queues X1..X4 and then tenant y
+/// Y1, Y2; then the running request ends. The answers, in sending order.
+async fn x_queues_four_then_y_two(client: &Client) -> Vec<JoinHandle<Answer>> {
     let running = client.hold().await;
     let mut answers = Vec::new();
     for (queued, label) in ["X1", "X2", "X3", "X4"].into_iter().enumerate() {
@@ -246,6 +245,14 @@ async fn tenants_of_one_priority_take_turns() {
         answers.push(client.enqueue(label, &tenant("y"), queued + 5).await);
     }
     drop(running);
+    answers
+}
+
+#[tokio::test]
+async fn tenants_of_one_priority_take_turns() {
+    let server = one_at_a_time(8, &[], &[]);
+    let client = Client::new(&server);
+    let answers = x_queues_four_then_y_two(&client).await;
     assert_eq!(
         order_of_service(answers).await,
         ["X1", "Y1", "X2", "Y2", "X3", "X4"]
@@ -256,15 +263,7 @@ async fn tenants_of_one_priority_take_turns() {
 async fn a_tenant_weight_from_the_command_line_gives_that_tenant_more_turns() {
     let server = one_at_a_time(8, &["--tenant-weight", "x=3"], &[]);
     let client = Client::new(&server);
-    let running = client.hold().await;
-    let mut answers = Vec::new();
-    for (queued, label) in ["X1", "X2", "X3", "X4"].into_iter().enumerate() {
-        answers.push(client.enqueue(label, &tenant("x"), queued + 1).await);
-    }
-    for (queued, label) in ["Y1", "Y2"].into_iter().enumerate() {
-        answers.push(client.enqueue(label, &tenant("y"), queued + 5).await);
-    }
-    drop(running);
+    let answers = x_queues_four_then_y_two(&client).await;
     // Weighing 3, x's requests start a third of a turn apart, y's a whole
     // turn: Y2 waits until X2..X4 have had theirs (equal weights serve it
     // before X3, as above).
