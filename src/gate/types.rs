@@ -280,9 +280,9 @@ impl Descriptor {
         self
     }
 
-    /// The same request, served as `tenant`.
-    pub const fn with_tenant(mut self, tenant: Tenant) -> Self {
-        self.tenant = Some(tenant);
+    /// The same request, served as `tenant`: a [`Tenant`], or its name.
+    pub fn with_tenant(mut self, tenant: impl Into<Tenant>) -> Self {
+        self.tenant = Some(tenant.into());
         self
     }
 
@@ -310,10 +310,16 @@ impl Descriptor {
 /// `Copy` and the gate stores no strings; equal names are equal tenants.
 ///
 /// ```
-/// use tower_admission::Tenant;
+/// use tower_admission::{Descriptor, Tenant};
 ///
 /// assert_eq!(Tenant::new("acme"), Tenant::from("acme"));
+/// assert_eq!(Tenant::new("acme"), Tenant::from(String::from("acme")));
 /// assert_ne!(Tenant::new("acme"), Tenant::new("globex"));
+/// // A descriptor takes the tenant or its name.
+/// assert_eq!(
+///     Descriptor::new().with_tenant("acme"),
+///     Descriptor::new().with_tenant(Tenant::new("acme")),
+/// );
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tenant(u64);
@@ -342,6 +348,18 @@ impl Tenant {
     /// The tenant's number.
     pub const fn id(&self) -> u64 {
         self.0
+    }
+}
+
+impl From<String> for Tenant {
+    fn from(name: String) -> Tenant {
+        Tenant::new(&name)
+    }
+}
+
+impl From<&String> for Tenant {
+    fn from(name: &String) -> Tenant {
+        Tenant::new(name)
     }
 }
 
