@@ -97,12 +97,12 @@ impl CostHeader {
 }
 
 fn header_number<B>(req: &Request<B>, name: &HeaderName) -> Option<usize> {
-    let mut values = req.headers().get_all(name).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
-        return None; // ambiguous
-    }
-    value.to_str().ok()?.trim().parse().ok()
+    super::single_value(req.headers(), name)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl<B> CostExtractor<B> for CostHeader {

@@ -40,12 +40,7 @@ impl RequestDeadlines {
 
 /// The value of a header present exactly once, as text.
 fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
-    let mut values = headers.get_all(name).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
-        return None;
-    }
-    value.to_str().ok()
+    super::single_value(headers, name)?.to_str().ok()
 }
 
 /// A `grpc-timeout` value: at most 8 ASCII digits and a unit (`H`, `M`,

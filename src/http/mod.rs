@@ -163,6 +163,18 @@ mod service;
 mod tonic;
 
 pub use self::body::ResponseBody;
+
+/// The value of header `name` when it is present exactly once: a repeated
+/// header is ambiguous, and every header this crate reads (rank, cost,
+/// deadline, priority, tenant) then falls back to its default.
+pub(crate) fn single_value<'a>(
+    headers: &'a ::http::HeaderMap,
+    name: &::http::HeaderName,
+) -> Option<&'a ::http::HeaderValue> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    values.next().is_none().then_some(value)
+}
 pub use self::bypass::{Bypass, BypassPaths, NoBypass};
 pub use self::cost::{
     CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES, OpenAiCost,

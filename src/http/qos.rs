@@ -252,14 +252,9 @@ impl Default for QosHeaders {
 impl<B> QosExtractor<B> for QosHeaders {
     fn qos(&self, req: &Request<B>) -> Qos {
         let headers = req.headers();
-        let single = |name: &HeaderName| {
-            let mut values = headers.get_all(name).iter();
-            let value = values.next()?;
-            values.next().is_none().then_some(value)
-        };
         Qos {
-            priority: single(&self.priority).and_then(parse_priority),
-            tenant: single(&self.tenant).and_then(parse_tenant),
+            priority: super::single_value(headers, &self.priority).and_then(parse_priority),
+            tenant: super::single_value(headers, &self.tenant).and_then(parse_tenant),
         }
     }
 }
@@ -267,26 +262,13 @@ impl<B> QosExtractor<B> for QosHeaders {
 /// A priority is an optional `-` and one or more ASCII digits that fit an
 /// `i32`; nothing else.
 fn parse_priority(value: &HeaderValue) -> Option<i32> {
-    let bytes = value.as_bytes();
-    let (negative, digits) = match bytes.split_first() {
-        Some((b'-', digits)) => (true, digits),
-        _ => (false, bytes),
-    };
-    if digits.is_empty() {
+    let text = value.to_str().ok()?;
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    // `str::parse` alone would also take a leading `+`.
+    if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
         return None;
     }
-    // Accumulated negatively so that i32::MIN fits.
-    let magnitude = digits.iter().try_fold(0i32, |sum, &byte| {
-        if !byte.is_ascii_digit() {
-            return None;
-        }
-        sum.checked_mul(10)?.checked_sub(i32::from(byte - b'0'))
-    })?;
-    if negative {
-        Some(magnitude)
-    } else {
-        magnitude.checked_neg()
-    }
+    text.parse().ok()
 }
 
 /// A tenant is a UTF-8 name of 1 to [`QosHeaders::MAX_TENANT_BYTES`] bytes

@@ -118,12 +118,7 @@ impl Default for RankHeader {
 
 impl<B> RankExtractor<B> for RankHeader {
     fn rank(&self, req: &Request<B>) -> Option<u32> {
-        let mut values = req.headers().get_all(&self.name).iter();
-        let value = values.next()?;
-        if values.next().is_some() {
-            return None;
-        }
-        parse_rank(value.as_bytes())
+        parse_rank(super::single_value(req.headers(), &self.name)?.as_bytes())
     }
 }
 
