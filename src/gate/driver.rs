@@ -307,6 +307,9 @@ impl Gate {
                     engine_waiting,
                 };
                 let oldest = oldest_arrival(&state, rank);
+                // Every bucket event advanced the state to its own time:
+                // ages on the gate's clock reuse that reading.
+                let event_time = state.event_time();
                 let offered_oldest: Vec<Option<Arrived>> = if observation.offered.is_empty() {
                     Vec::new()
                 } else {
@@ -318,7 +321,7 @@ impl Gate {
                 };
                 drop(state);
                 wake_all(wakers);
-                let mut now = Now::of(&self.inner.clock);
+                let mut now = Now::at(&self.inner.clock, event_time);
                 now.measure(&mut observation.bucket, oldest);
                 for (view, oldest) in observation.offered.iter_mut().zip(offered_oldest) {
                     now.measure(view, oldest);
@@ -440,9 +443,14 @@ struct Now<'a> {
 
 impl<'a> Now<'a> {
     fn of(clock: &'a Clock) -> Self {
+        Now::at(clock, None)
+    }
+
+    /// [`Now::of`], the gate's clock already read at `gate`, if given.
+    fn at(clock: &'a Clock, gate: Option<Instant>) -> Self {
         Now {
             clock,
-            gate: None,
+            gate,
             stamp: None,
         }
     }

@@ -332,6 +332,13 @@ impl<T> State<T> {
         self.now = Some(now);
     }
 
+    /// The time the last [`advance`](Self::advance) gave, when the gate
+    /// keeps time: the time of the event just applied, if the driver
+    /// advanced for it.
+    pub(crate) fn event_time(&self) -> Option<Instant> {
+        self.now.filter(|_| self.timed)
+    }
+
     /// A request arrives, asking for `rank` (`None`, or a rank this worker
     /// does not recognise, makes it unranked), needing `demand`, with the
     /// client's own `deadline` (from arrival), if any.

@@ -350,14 +350,6 @@ impl Queue {
     /// Queued requests in bands at or above `rung`: those a request joining
     /// at `rung` waits behind, whatever their tenants (aging aside).
     pub(crate) fn at_or_above(&self, rung: i64) -> usize {
-        if self.bands.len() == 1 {
-            // The default: one band; no range walk on the hot path.
-            return if self.bands.keys().all(|&only| only >= rung) {
-                self.len
-            } else {
-                0
-            };
-        }
         self.bands.range(rung..).map(|(_, band)| band.len).sum()
     }
 
