@@ -53,6 +53,8 @@
 //! | `clap` | no | `AdmissionArgs`, the admission flags for a server's CLI |
 //! | `tonic` | no | `Admission` is a tonic `NamedService` when the service it wraps is one |
 //! | `sim` | no | a simulated continuous-batching engine, workloads and the overload sweep |
+//! | `route` | no | the frontend side: overload-aware workers for tower's balancer, a retry policy |
+//! | `proxy` | no | the sidecar: the `tower-admission` binary and the [`proxy`](crate::proxy) module, the gate in front of any OpenAI-compatible engine |
 //!
 //! Configuration from the environment: [`AdmissionConfig::from_env`].
 //! Sizing the waiting limit with Little's law: [`sizing`].
@@ -68,6 +70,9 @@ pub mod http;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+#[cfg(feature = "proxy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
+pub mod proxy;
 #[cfg(feature = "route")]
 #[cfg_attr(docsrs, doc(cfg(feature = "route")))]
 pub mod route;
