@@ -185,7 +185,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::AdmissionLayer;
 pub use self::qos::{Priority, Qos, QosExtractor, QosHeaders, QosLayer, SetQos};
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
-pub use self::reject::{REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};
+pub use self::reject::{ORIGIN, REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};
 pub use self::service::{Admission, Admitted};
 
 /// The README's Rust examples, compiled and run as doc tests.

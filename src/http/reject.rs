@@ -22,6 +22,13 @@ pub const REJECTED_RANK: HeaderName = HeaderName::from_static("x-admission-rank"
 /// `deadline` or `displaced`.
 pub const REJECTION_REASON: HeaderName = HeaderName::from_static("x-admission-rejection-reason");
 
+/// Response header naming who wrote an error answer that a sidecar (the
+/// `proxy` feature) passed on: `engine` for the engine's own (its `503`
+/// while loading, a `429`), `proxy` for the sidecar's `502`, `504` and
+/// shutdown `503`. The gate's own overload answers carry
+/// [`REJECTION_SCOPE`] instead.
+pub const ORIGIN: HeaderName = HeaderName::from_static("x-admission-origin");
+
 /// gRPC `DEADLINE_EXCEEDED`: the answer when the client's own deadline
 /// passed in the queue.
 const GRPC_DEADLINE_EXCEEDED: u16 = 4;

@@ -3,17 +3,11 @@
 //! error format the gate's own overload answers use.
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use super::Body;
-use crate::http::{REJECTION_REASON, REJECTION_SCOPE};
-
-/// `x-admission-origin`: who wrote an error answer the sidecar passed on,
-/// `engine` (the engine's own, such as its `503` while loading or a `429`)
-/// or `proxy` (the sidecar's `502`, `504` and shutdown `503`). The gate's
-/// overload answers carry `x-admission-rejection-scope` instead.
-pub const ORIGIN: HeaderName = HeaderName::from_static("x-admission-origin");
+use crate::http::{ORIGIN, REJECTION_REASON, REJECTION_SCOPE};
 
 /// An OpenAI-style error answer written by the sidecar.
 pub(crate) fn json_error(status: StatusCode, message: &str, kind: &str) -> Response<Body> {

@@ -55,7 +55,6 @@ mod serve;
 mod service;
 mod upstream;
 
-pub use self::answer::ORIGIN;
 pub use self::body::{Body, BoxError};
 pub use self::capacity::{DiscoveryTiming, EngineKind};
 pub use self::serve::serve;
@@ -63,6 +62,7 @@ pub use self::service::{
     DEADLINE_HEADER, DEFAULT_ADMIT_PATHS, Drain, RenderMetrics, Sidecar, SidecarBuilder,
 };
 pub use self::upstream::{Upstream, UpstreamOptions, UpstreamUrl};
+pub use crate::http::ORIGIN;
 
 use crate::Gate;
 

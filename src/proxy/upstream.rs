@@ -19,7 +19,8 @@ use tokio::sync::Notify;
 use tower_service::Service;
 
 use super::Body;
-use super::answer::{ORIGIN, json_error};
+use super::answer::json_error;
+use crate::http::ORIGIN;
 
 /// The engine's base URL: `http://host:port`, optionally with a path prefix
 /// (`http://host:port/engine`) put in front of every forwarded path.

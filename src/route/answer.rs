@@ -11,7 +11,7 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
 use crate::RejectionScope;
-use crate::http::{REJECTED_RANK, REJECTION_SCOPE};
+use crate::http::{ORIGIN, REJECTED_RANK, REJECTION_SCOPE};
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
@@ -61,6 +61,13 @@ pub struct OverloadAnswer {
     /// `false` when the server asked not to be retried at all: a negative or
     /// unreadable `grpc-retry-pushback-ms`, as gRPC's retry design defines.
     pub retry_allowed: bool,
+    /// The answer carries the gate's `x-admission-rejection-scope`: the
+    /// request never reached the engine.
+    pub from_gate: bool,
+    /// The answer is an engine's own, passed on by the sidecar
+    /// (`x-admission-origin: engine`, [`ORIGIN`](crate::http::ORIGIN)): the engine saw
+    /// the request, and may have done some of its work.
+    pub from_engine: bool,
 }
 
 impl OverloadAnswer {
@@ -73,6 +80,10 @@ impl OverloadAnswer {
     /// [`OverloadAnswer::read`] from a status and headers.
     pub fn from_head(status: StatusCode, headers: &HeaderMap) -> Option<OverloadAnswer> {
         let scoped = headers.contains_key(REJECTION_SCOPE);
+        let from_engine = !scoped
+            && headers
+                .get(ORIGIN)
+                .is_some_and(|origin| origin.as_bytes().eq_ignore_ascii_case(b"engine"));
         if let Some(code) = headers.get(GRPC_STATUS) {
             // Trailers-only: the status is in the head. Other codes are the
             // call's own outcome, unless the gate says it answered.
@@ -92,6 +103,8 @@ impl OverloadAnswer {
                 scope: scope(headers),
                 retry_after,
                 retry_allowed,
+                from_gate: scoped,
+                from_engine,
             });
         }
         let overload_status = matches!(
@@ -108,6 +121,8 @@ impl OverloadAnswer {
                 .get(RETRY_AFTER)
                 .and_then(|value| parse_retry_after(value.as_bytes(), SystemTime::now())),
             retry_allowed: true,
+            from_gate: scoped,
+            from_engine,
         })
     }
 }

@@ -273,6 +273,12 @@ where
         self.sends += 1;
         let response = result.as_ref().ok()?;
         let answer = OverloadAnswer::read(response)?;
+        // The engine's own overload answer (through the sidecar) came after
+        // the engine saw the request: sent again, a request that is not
+        // idempotent might run twice.
+        if answer.from_engine && !request.method().is_idempotent() {
+            return None;
+        }
         if !answer.retry_allowed || self.sends > self.max_retries {
             return None;
         }
