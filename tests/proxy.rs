@@ -140,7 +140,7 @@ async fn engine_on(listener: tokio::net::TcpListener, slots: usize) -> EngineSer
                 )
             }),
         )
-        .route("/slow", post(|| std::future::pending::<&'static str>()))
+        .route("/slow", post(std::future::pending::<&'static str>))
         .with_state(engine.clone());
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();

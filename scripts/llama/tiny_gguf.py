@@ -2,7 +2,7 @@
 """Write a tiny random-weight llama-architecture GGUF for llama.cpp's llama-server.
 
 2 layers, embedding length 64, 4 heads / 4 KV heads (head dim 16), feed-forward
-128, all tensors F32, context length 4096, a ChatML chat template, and a seeded
+128, all tensors F32, context length 65536, a ChatML chat template, and a seeded
 RNG so the same arguments always give the same bytes.
 
 Tokenizer: with --vocab PATH the tokenizer.ggml.* keys are copied from that
@@ -41,7 +41,9 @@ N_EMBD = 64
 N_HEAD = 4
 N_HEAD_KV = 4
 N_FF = 128
-N_CTX = 4096
+# Trained context: llama.cpp caps each slot at it, so it must exceed what a
+# test holds a slot for (the weights are random: nothing is trained anyway).
+N_CTX = 65536
 RMS_EPS = 1e-5
 ROPE_BASE = 10000.0
 

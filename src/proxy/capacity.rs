@@ -222,8 +222,12 @@ mod discovery {
 
     impl Discovery {
         pub(crate) async fn run(self) {
+            // A fresh connection per read, as for requests (see `Upstream`):
+            // a kept-alive one the engine closed would lose a read.
             let client: Client<HttpConnector, Empty<Bytes>> =
-                Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+                Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .pool_max_idle_per_host(0)
+                    .build_http();
             let mut last: Option<(EngineKind, EngineCapacity)> = None;
             let mut known: Option<Probe> = None;
             let mut said_silent = false;

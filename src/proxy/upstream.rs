@@ -166,6 +166,17 @@ impl Upstream {
         connector.set_connect_timeout(Some(options.connect_timeout));
         let mut builder = Client::builder(TokioExecutor::new());
         builder.http2_only(options.h2c);
+        if !options.h2c {
+            // One HTTP/1.1 connection per request, never reused. Engines
+            // close kept-alive connections when they like (llama.cpp's
+            // HTTP server after a few requests, or when idle), and a request
+            // sent on one the engine is closing fails: "connection closed
+            // before message completed", a 502 for a request the engine
+            // never ran (seen in one burst in five against llama.cpp). A
+            // loopback connect costs less than that risk; it also makes
+            // each request's disconnect the engine's disconnect.
+            builder.pool_max_idle_per_host(0);
+        }
         Upstream {
             client: builder.build(connector),
             url: Arc::new(url),
@@ -323,12 +334,12 @@ fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
             "upstream_timeout",
         );
     }
-    let message = if error.is_connect() {
-        format!("the engine is unreachable: {}", chain(error))
-    } else {
-        format!("the engine failed the request: {}", chain(error))
-    };
-    json_error(StatusCode::BAD_GATEWAY, &message, "upstream_unreachable")
+    if error.is_connect() {
+        let message = format!("the engine is unreachable: {}", chain(error));
+        return json_error(StatusCode::BAD_GATEWAY, &message, "upstream_unreachable");
+    }
+    let message = format!("the engine failed the request: {}", chain(error));
+    json_error(StatusCode::BAD_GATEWAY, &message, "upstream_error")
 }
 
 fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
