@@ -734,3 +734,86 @@ async fn at_shutdown_queued_requests_get_503_and_running_streams_finish() {
     assert_eq!(body, format!("{TOKEN}{DONE}").as_bytes());
     within(&mut sidecar.served).await.unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// The binary's flags.
+
+fn sidecar_binary(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tower-admission"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn invalid_flags_fail_at_startup_naming_the_flag_and_the_value() {
+    for (args, flag, value) in [
+        (
+            &["--upstream", "https://engine:8000"][..],
+            "--upstream",
+            "https://engine:8000",
+        ),
+        (
+            &["--upstream", "engine:8000"][..],
+            "--upstream",
+            "engine:8000",
+        ),
+        (
+            &["--upstream", "http://e", "--engine-request-limit", "0"][..],
+            "--engine-request-limit",
+            "0",
+        ),
+        (
+            &["--upstream", "http://e", "--max-num-seqs", "-4"][..],
+            "--max-num-seqs",
+            "-4",
+        ),
+        (
+            &["--upstream", "http://e", "--admit-path", "v1/chat"][..],
+            "--admit-path",
+            "v1/chat",
+        ),
+        (
+            &["--upstream", "http://e", "--overload-status", "200"][..],
+            "--overload-status",
+            "200",
+        ),
+    ] {
+        let (status, stderr) = sidecar_binary(args);
+        assert!(!status.success(), "{args:?} started");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(stderr.contains(value), "{args:?}: {stderr}");
+    }
+    let (status, stderr) = sidecar_binary(&[]);
+    assert!(!status.success());
+    assert!(stderr.contains("--upstream"), "{stderr}");
+}
+
+#[test]
+fn help_lists_the_sidecar_and_admission_flags() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tower-admission"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--listen",
+        "--upstream",
+        "--max-num-seqs",
+        "--data-parallel-size",
+        "--admit-path",
+        "--trust-router-headers",
+        "--merge-engine-metrics",
+        "--engine-request-limit",
+        "--request-queue-limit",
+        "--ttft-objective-ms",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
+    }
+}

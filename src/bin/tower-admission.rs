@@ -48,27 +48,32 @@ struct Args {
 
     /// Seconds the engine may take to send a response head (a whole
     /// non-streaming answer) before the client gets 504; 0: no limit.
-    #[arg(long, value_name = "S", default_value = "600")]
+    #[arg(
+        long,
+        value_name = "S",
+        allow_negative_numbers = true,
+        default_value = "600"
+    )]
     upstream_timeout_s: u64,
 
     /// Milliseconds connecting to the engine may take before 504.
-    #[arg(long, value_name = "MS", default_value = "2000", value_parser = positive)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, default_value = "2000", value_parser = positive)]
     upstream_connect_timeout_ms: NonZeroUsize,
 
     /// The engine's max_num_seqs (sequences per data-parallel rank): the
     /// capacity report when the engine does not tell (vLLM). Without it the
     /// sidecar asks the engine (llama.cpp /props, SGLang /server_info, TGI
     /// /info) and keeps asking.
-    #[arg(long, value_name = "N", value_parser = positive, env = "TOWER_ADMISSION_MAX_NUM_SEQS")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = positive, env = "TOWER_ADMISSION_MAX_NUM_SEQS")]
     max_num_seqs: Option<NonZeroUsize>,
 
     /// The engine's data-parallel ranks, with --max-num-seqs, or in place of
     /// the rank count the engine reports [default: 1, or the engine's].
-    #[arg(long, value_name = "N", value_parser = positive, env = "TOWER_ADMISSION_DATA_PARALLEL_SIZE")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = positive, env = "TOWER_ADMISSION_DATA_PARALLEL_SIZE")]
     data_parallel_size: Option<NonZeroUsize>,
 
     /// Milliseconds between capacity reads once the engine has reported.
-    #[arg(long, value_name = "MS", default_value = "5000", value_parser = positive)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, default_value = "5000", value_parser = positive)]
     capacity_poll_interval_ms: NonZeroUsize,
 
     /// A path whose POSTs pass the gate; repeat for each. Replaces the
@@ -101,7 +106,12 @@ struct Args {
     merge_engine_metrics: bool,
 
     /// Seconds open responses get to finish after SIGTERM or Ctrl-C.
-    #[arg(long, value_name = "S", default_value = "30")]
+    #[arg(
+        long,
+        value_name = "S",
+        allow_negative_numbers = true,
+        default_value = "30"
+    )]
     shutdown_grace_s: u64,
 
     #[command(flatten)]
