@@ -817,3 +817,203 @@ fn help_lists_the_sidecar_and_admission_flags() {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// HTTP/2 and hostile heads.
+
+#[tokio::test]
+async fn h2c_clients_and_h2c_engines_stream_through() {
+    use http_body_util::BodyExt;
+    let mut engine = engine(1).await;
+    let options = UpstreamOptions {
+        h2c: true,
+        ..options()
+    };
+    let sidecar = sidecar(small_gate(), &engine.url, options, |b| b).await;
+    let address = sidecar.url.strip_prefix("http://").unwrap().to_owned();
+    let stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let (mut send, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(format!("{}/v1/chat/completions", sidecar.url))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from_static(
+            chat_body().as_bytes(),
+        )))
+        .unwrap();
+    let response = within(send.send_request(request)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let arrival = within(engine.arrivals.recv()).await.unwrap();
+    assert_eq!(arrival.body, chat_body());
+    assert!(
+        !arrival.headers.contains_key("host"),
+        "HTTP/2 carries the authority"
+    );
+    arrival
+        .stream
+        .send(Bytes::from_static(TOKEN.as_bytes()))
+        .unwrap();
+    let mut body = response.into_body();
+    let frame = within(body.frame()).await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), TOKEN.as_bytes());
+    until("the first token ends waiting", || {
+        totals(&sidecar.gate).engine_waiting == 0
+    })
+    .await;
+    drop(arrival.stream);
+    while within(body.frame()).await.is_some() {}
+    until("released", || totals(&sidecar.gate) == Counts::new(0, 0, 0)).await;
+}
+
+#[tokio::test]
+async fn a_huge_header_is_refused_before_it_takes_anything() {
+    let mut engine = engine(1).await;
+    let sidecar = sidecar(small_gate(), &engine.url, options(), |b| b).await;
+    let client = client();
+    for (name, value) in [
+        ("x-long", "a".repeat(1 << 20)),
+        ("x-data-parallel-rank", "9".repeat(1 << 20)),
+    ] {
+        let response = client
+            .post(format!("{}/v1/chat/completions", sidecar.url))
+            .header(name, value)
+            .body(chat_body())
+            .send()
+            .await;
+        // hyper answers 431 or closes the connection; either way nothing
+        // reached the gate or the engine.
+        if let Ok(response) = response {
+            assert_eq!(response.status(), 431, "{name}");
+        }
+    }
+    let mut many = client.post(format!("{}/v1/chat/completions", sidecar.url));
+    for n in 0..500 {
+        many = many.header(format!("x-h{n}"), "1");
+    }
+    if let Ok(response) = many.body(chat_body()).send().await {
+        assert_eq!(response.status(), 431);
+    }
+    assert_eq!(sidecar.gate.snapshot().tally.received, 0);
+    assert!(engine.arrivals.try_recv().is_err());
+    // The sidecar still serves.
+    let response = within(chat(&client, &sidecar.url)).await;
+    assert_eq!(response.status(), 200);
+    drop(within(engine.arrivals.recv()).await.unwrap().stream);
+    within(response.bytes()).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_oversized_body_with_cost_estimation_is_413_before_admission() {
+    let mut engine = engine(1).await;
+    let sidecar = sidecar(small_gate(), &engine.url, options(), |b| {
+        b.estimate_cost(true)
+    })
+    .await;
+    let big = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "a".repeat(tower_admission::http::DEFAULT_MAX_BODY_BYTES + 1)
+    );
+    let response = within(
+        client()
+            .post(format!("{}/v1/chat/completions", sidecar.url))
+            .body(big)
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 413);
+    assert_eq!(sidecar.gate.snapshot().tally.received, 0);
+    // A body within bounds is read, weighed, and passed on unchanged.
+    let response = within(chat(&client(), &sidecar.url)).await;
+    assert_eq!(response.status(), 200);
+    let arrival = within(engine.arrivals.recv()).await.unwrap();
+    assert_eq!(arrival.body, chat_body());
+    drop(arrival.stream);
+    within(response.bytes()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_takes_its_capacity_from_the_flag_and_drains_on_sigterm() {
+    let mut engine = engine(1).await;
+    let mut process = support::Process::spawn(
+        env!("CARGO_BIN_EXE_tower-admission").as_ref(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &engine.url,
+            "--max-num-seqs",
+            "1",
+            "--request-queue-limit",
+            "1",
+            "--capacity-poll-interval-ms",
+            "600000",
+        ],
+        &[],
+    );
+    let url = process.wait_for_stdout("listening address", |text| {
+        let line = text.lines().next()?;
+        text.contains('\n')
+            .then(|| line.strip_prefix("listening on ").map(str::to_owned))?
+    });
+    let banner = process.wait_for_stdout("banner", |text| {
+        text.contains("admitted: POST").then(|| text.to_owned())
+    });
+    assert!(
+        banner.contains("capacity: from --max-num-seqs 1 and 1 rank(s)"),
+        "{banner}"
+    );
+    assert!(banner.contains("engine request limit 1,"), "{banner}");
+
+    let client = client();
+    let first = within(chat(&client, &url)).await;
+    let running = within(engine.arrivals.recv()).await.unwrap();
+    let queued = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { chat(&client, &url).await }
+    });
+    // The engine never reports: /props here says one slot, and the flag
+    // wins anyway. Wait for the queue through the sidecar's own metrics.
+    let deadline = tokio::time::Instant::now() + support::PATIENCE;
+    loop {
+        let text = within(client.get(format!("{url}/metrics")).send())
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let queued_line = format!(
+            "{}_request_queue_count{{dp_rank=\"unspecified\"}} 1",
+            tower_admission::metrics::DEFAULT_PREFIX
+        );
+        if text.contains(&queued_line) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never queued:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    process.terminate();
+    let queued = within(queued).await.unwrap();
+    assert_eq!(queued.status(), 503);
+    assert_eq!(queued.headers()["x-admission-rejection-reason"], "shutdown");
+    running
+        .stream
+        .send(Bytes::from_static(DONE.as_bytes()))
+        .unwrap();
+    drop(running.stream);
+    assert_eq!(within(first.bytes()).await.unwrap(), DONE.as_bytes());
+    let (status, _, stderr) = tokio::task::spawn_blocking(move || process.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("shutting down"), "{stderr}");
+}

@@ -57,7 +57,7 @@ mod upstream;
 
 pub use self::body::{Body, BoxError};
 pub use self::capacity::{DiscoveryTiming, EngineKind};
-pub use self::serve::serve;
+pub use self::serve::{HEADER_READ_TIMEOUT, MAX_CONCURRENT_STREAMS, serve};
 pub use self::service::{
     DEADLINE_HEADER, DEFAULT_ADMIT_PATHS, Drain, RenderMetrics, Sidecar, SidecarBuilder,
 };

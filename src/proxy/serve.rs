@@ -3,13 +3,19 @@
 use std::future::Future;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use super::{Drain, Sidecar};
+
+/// How long a client may take to send a request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Concurrent HTTP/2 streams on one client connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
 
 /// Serves `sidecar` on `listener`, HTTP/1.1 and h2c, until `shutdown`
 /// completes. Then it stops accepting connections, answers requests still
@@ -23,7 +29,21 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that never finishes its request head holds a connection,
+    // not capacity: it is closed after HEADER_READ_TIMEOUT. Heads are
+    // bounded by hyper (about 400 KiB, 100 headers: 431 beyond).
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    // Streams a connection may hold open at once. A stream over the limit
+    // waits where the gate cannot see it, so the limit is far above any
+    // gate's queue; each stream costs a bounded window of memory.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
