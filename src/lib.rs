@@ -54,7 +54,7 @@
 //! | `tonic` | no | `Admission` is a tonic `NamedService` when the service it wraps is one |
 //! | `sim` | no | a simulated continuous-batching engine, workloads and the overload sweep |
 //! | `route` | no | the frontend side: overload-aware workers for tower's balancer, a retry policy |
-//! | `proxy` | no | the sidecar: the `tower-admission` binary and the [`proxy`](crate::proxy) module, the gate in front of any OpenAI-compatible engine |
+//! | `proxy` | no | the sidecar: the `tower-admission` binary and the [`proxy`] module, the gate in front of any OpenAI-compatible engine |
 //!
 //! Configuration from the environment: [`AdmissionConfig::from_env`].
 //! Sizing the waiting limit with Little's law: [`sizing`].

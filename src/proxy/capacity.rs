@@ -17,7 +17,7 @@
 //! `router/src/lib.rs` (`struct Info`).
 //!
 //! The parsers are pure functions of a response body, so each engine's
-//! dialect is tested without the engine; [`Discovery`] is the driver that
+//! dialect is tested without the engine; [`discover_capacity`](super::discover_capacity) is the driver that
 //! asks over HTTP.
 
 use std::time::Duration;
@@ -167,7 +167,7 @@ fn is_vllm_models(json: &Value) -> bool {
         })
 }
 
-/// How often [`Discovery`] asks.
+/// How often [`discover_capacity`](super::discover_capacity) asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiscoveryTiming {
     /// Between reads once the engine has reported.
