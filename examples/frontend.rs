@@ -32,6 +32,12 @@
 //! status) and `GET /health` answer here. A request body is read whole
 //! before routing (at most 16 MiB), so that it can be sent again.
 //!
+//! Clients never steer the workers' gates: the `x-admission-*` and
+//! `x-data-parallel-rank` headers they send are removed, and the tenant and
+//! priority of a request are set here from `--api-key` (the key in its
+//! `Authorization: Bearer` header), or not at all. Workers should accept
+//! those headers from this frontend only.
+//!
 //! The first line on stdout is `listening on http://ADDRESS`, so a script
 //! can start it with `--listen 127.0.0.1:0` and read the port. Ctrl-C or
 //! SIGTERM stops it.
@@ -81,6 +87,48 @@ struct Args {
     /// worker
     #[arg(long = "worker", value_name = "URL", required = true, value_parser = worker_url)]
     workers: Vec<Uri>,
+
+    /// A client's API key and what the workers' gates should know of it,
+    /// as KEY=TENANT or KEY=TENANT:PRIORITY: a request with
+    /// `Authorization: Bearer KEY` goes to the workers with
+    /// `x-admission-tenant: TENANT` (and `x-admission-priority`); repeat
+    /// for each key. The admission headers clients send themselves are
+    /// always removed: only this table sets them.
+    #[arg(long = "api-key", value_name = "KEY=TENANT[:PRIORITY]", value_parser = api_key)]
+    api_keys: Vec<ApiKey>,
+}
+
+/// What the frontend tells the workers about one API key's requests.
+#[derive(Debug, Clone)]
+struct ApiKey {
+    key: String,
+    tenant: axum::http::HeaderValue,
+    priority: Option<i32>,
+}
+
+fn api_key(raw: &str) -> Result<ApiKey, String> {
+    let (key, grant) = raw
+        .split_once('=')
+        .ok_or_else(|| format!("{raw:?} is not KEY=TENANT[:PRIORITY]"))?;
+    let (tenant, priority) = match grant.rsplit_once(':') {
+        Some((tenant, priority)) => {
+            let priority = priority
+                .parse::<i32>()
+                .map_err(|_| format!("{raw:?}: the priority {priority:?} is not an integer"))?;
+            (tenant, Some(priority))
+        }
+        None => (grant, None),
+    };
+    if key.is_empty() || tenant.is_empty() {
+        return Err(format!("{raw:?}: the key and the tenant must not be empty"));
+    }
+    let tenant = axum::http::HeaderValue::from_str(tenant)
+        .map_err(|_| format!("{raw:?}: the tenant {tenant:?} is not a header value"))?;
+    Ok(ApiKey {
+        key: key.to_owned(),
+        tenant,
+        priority,
+    })
 }
 
 fn worker_url(raw: &str) -> Result<Uri, String> {
@@ -127,6 +175,7 @@ struct App {
     upstream: Retry<Counted<OverloadRetry>, Upstream>,
     workers: Arc<Vec<(String, WorkerHandle)>>,
     metrics: PrometheusHandle,
+    api_keys: Arc<Vec<ApiKey>>,
 }
 
 #[tokio::main]
@@ -167,6 +216,7 @@ async fn main() -> ExitCode {
         upstream: Retry::new(Counted(OverloadRetry::new(budget)), upstream),
         workers: Arc::new(handles),
         metrics,
+        api_keys: Arc::new(args.api_keys.clone()),
     };
 
     let router = Router::new()
@@ -195,6 +245,10 @@ async fn main() -> ExitCode {
         RETRY_DEADLINE.as_secs()
     );
     println!("routes: POST /v1/chat/completions, POST /v1/completions, GET /metrics, GET /health");
+    println!(
+        "admission headers: from clients removed; set from {} API key(s)",
+        args.api_keys.len()
+    );
 
     let served = common::serve_until_shutdown(shutdown, |signal| {
         axum::serve(listener, router)
@@ -301,6 +355,39 @@ const NOT_FORWARDED: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
 ];
 
+/// The headers that steer a worker's gate: rank, priority, tenant,
+/// deadline, cost. Workers honour them, so they must come from here, never
+/// from a client: a client that sets its own priority jumps every queue.
+fn steers_the_gate(name: &HeaderName) -> bool {
+    name.as_str().starts_with("x-admission-") || name.as_str() == "x-data-parallel-rank"
+}
+
+/// Removes what the client said to the gates, then says what the API key
+/// table trusts.
+fn set_admission_headers(headers: &mut HeaderMap, api_keys: &[ApiKey]) {
+    let steering: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| steers_the_gate(name))
+        .cloned()
+        .collect();
+    for name in steering {
+        headers.remove(name);
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(grant) = presented.and_then(|key| api_keys.iter().find(|grant| grant.key == key))
+    else {
+        return;
+    };
+    headers.insert("x-admission-tenant", grant.tenant.clone());
+    if let Some(priority) = grant.priority {
+        headers.insert("x-admission-priority", priority.into());
+    }
+}
+
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in &NOT_FORWARDED {
         headers.remove(name);
@@ -332,6 +419,7 @@ async fn route_request(app: App, request: Request) -> Response {
         }
     };
     strip_hop_by_hop(&mut parts.headers);
+    set_admission_headers(&mut parts.headers, &app.api_keys);
     let mut outgoing = axum::http::Request::new(Full::new(body));
     *outgoing.method_mut() = parts.method;
     *outgoing.uri_mut() = parts

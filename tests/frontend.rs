@@ -264,3 +264,107 @@ async fn the_frontend_answers_its_own_routes_routes_around_a_vacant_worker_and_r
     let (status, _, stderr) = process.wait();
     assert_eq!(status.code(), Some(2), "{stderr}");
 }
+
+/// Starts a streaming completion of `tokens` tokens at `url` with
+/// `headers`, and returns its response once the head has arrived.
+async fn streaming(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    tokens: u64,
+) -> reqwest::Response {
+    let body = json!({"model": "sim", "prompt": "Hi", "max_tokens": tokens, "stream": true});
+    let mut request = client.post(format!("{url}/v1/completions")).json(&body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    within(request.send()).await.expect("no answer")
+}
+
+/// Waits until the worker's queue holds `queued` requests.
+async fn queue_holds(client: &reqwest::Client, worker: &Server, queued: f64) {
+    let deadline = tokio::time::Instant::now() + support::PATIENCE;
+    loop {
+        let scrape = within(scrape(client, &worker.url)).await;
+        if scrape.sum("admission_request_queue_count", &[]) == queued {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "queue never held {queued}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_a_client_forges_has_no_effect_through_the_frontend() {
+    let client = reqwest::Client::new();
+    // One engine slot and one queue place, priorities in two bands: an
+    // arrival of priority 10 displaces a queued request of priority 0.
+    let worker = Server::start(
+        "openai_server",
+        &[
+            "--max-num-seqs",
+            "1",
+            "--request-queue-limit",
+            "1",
+            "--priority-bands",
+            "0,10",
+            "--time-scale",
+            "4",
+            "--max-model-len",
+            "1000000",
+        ],
+        &[],
+    );
+    let frontend = Frontend::start_with(&[&worker.url], &["--api-key", "vip-key=vip:10"]);
+
+    let running = streaming(&client, &frontend.url, &[], support::FOREVER).await;
+    assert_eq!(running.status(), 200);
+    // Straight to the worker, priority 0: it waits in the queue.
+    let queued = tokio::spawn({
+        let (client, url) = (client.clone(), worker.url.clone());
+        async move { streaming(&client, &url, &[("x-admission-priority", "0")], 4).await }
+    });
+    queue_holds(&client, &worker, 1.0).await;
+
+    // A forged top priority through the frontend: removed there, so it
+    // cannot displace the queued request; the queue is full, and after
+    // the frontend's retries the client gets the worker's 529.
+    let forged = streaming(
+        &client,
+        &frontend.url,
+        &[
+            ("x-admission-priority", "10"),
+            ("x-admission-tenant", "vip"),
+        ],
+        4,
+    )
+    .await;
+    assert_eq!(forged.status(), 529);
+    assert_eq!(
+        forged.headers()["x-admission-rejection-reason"],
+        "queue_full"
+    );
+    assert!(!queued.is_finished(), "the queued request was displaced");
+    queue_holds(&client, &worker, 1.0).await;
+
+    // The priority the frontend trusts (the API key's) does displace it:
+    // the same mechanism, from the only source allowed to use it.
+    let vip = tokio::spawn({
+        let (client, url) = (client.clone(), frontend.url.clone());
+        async move { streaming(&client, &url, &[("authorization", "Bearer vip-key")], 4).await }
+    });
+    let displaced = within(queued).await.unwrap();
+    assert_eq!(displaced.status(), 529);
+    assert_eq!(
+        displaced.headers()["x-admission-rejection-reason"],
+        "displaced"
+    );
+    drop(running);
+    let vip = within(vip).await.unwrap();
+    let status = vip.status();
+    let body = within(vip.text()).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+}

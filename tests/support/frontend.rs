@@ -40,10 +40,16 @@ pub struct Frontend {
 
 impl Frontend {
     pub fn start(workers: &[&str]) -> Frontend {
+        Frontend::start_with(workers, &[])
+    }
+
+    /// [`Frontend::start`] with more flags.
+    pub fn start_with(workers: &[&str], flags: &[&str]) -> Frontend {
         let mut args = vec!["--listen", "127.0.0.1:0"];
         for worker in workers {
             args.extend(["--worker", worker]);
         }
+        args.extend_from_slice(flags);
         let process = Process::spawn(&frontend_binary(), &args, &[]);
         let stdout = process.wait_for_stdout("address and banner", |text| {
             (text.lines().count() >= 4 && text.ends_with('\n')).then(|| text.to_owned())
