@@ -5,13 +5,30 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-/// The formatted log lines written so far.
-#[derive(Clone, Default)]
-pub struct Logs(Arc<Mutex<Vec<u8>>>);
+/// The formatted log lines written so far, of one level and above.
+#[derive(Clone)]
+pub struct Logs {
+    written: Arc<Mutex<Vec<u8>>>,
+    level: tracing::Level,
+}
+
+impl Default for Logs {
+    /// `INFO` and above.
+    fn default() -> Self {
+        Logs::at(tracing::Level::INFO)
+    }
+}
 
 impl Logs {
-    /// Captures every event of `INFO` and above on this thread while
-    /// `run` runs.
+    /// Events of `level` and above.
+    pub fn at(level: tracing::Level) -> Self {
+        Logs {
+            written: Arc::default(),
+            level,
+        }
+    }
+
+    /// Captures the events on this thread while `run` runs.
     pub fn capture<T>(&self, run: impl FnOnce() -> T) -> T {
         tracing::subscriber::with_default(self.subscriber(), run)
     }
@@ -24,19 +41,20 @@ impl Logs {
     fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
         let logs = self.clone();
         tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
+            .with_max_level(self.level)
             .with_ansi(false)
             .with_writer(move || logs.clone())
             .finish()
     }
 
+    /// Everything captured.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.written.lock().unwrap()).into_owned()
+    }
+
     /// Every line captured.
     pub fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().unwrap();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        self.text().lines().map(str::to_owned).collect()
     }
 
     /// The lines that contain `needle`.
@@ -50,7 +68,7 @@ impl Logs {
 
 impl Write for Logs {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
+        self.written.lock().unwrap().extend_from_slice(bytes);
         Ok(bytes.len())
     }
 
