@@ -6,7 +6,6 @@ mod logs;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-
 use std::time::Duration;
 
 use tower_admission::{AdmissionConfig, EngineCapacity};
