@@ -1,7 +1,8 @@
 //! Admission control composed with rate limiters of both kinds, on one
 //! streaming route.
 //!
-//! * A limiter that **rejects** (`429`) per key — here `tower_governor`, a
+//! * A limiter that **rejects** (`429`) per key — here `tower_governor` 0.8
+//!   (for axum 0.8: `default-features = false, features = ["axum"]`), a
 //!   quota per API key — goes **outside** the admission layer: a request it
 //!   turns away never reaches the gate, so it takes no capacity and is not
 //!   even counted as received.
