@@ -45,6 +45,7 @@ async fn main() -> std::io::Result<()> {
             .request_queue_limit(8),
     );
     // On each route's method router: 404s and 405s take no admission capacity.
+    let limits = gate.limits_in_force();
     let admitted = AdmissionLayer::new(gate);
     let app = Router::new()
         .route(
@@ -56,5 +57,6 @@ async fn main() -> std::io::Result<()> {
     let address = std::env::args().nth(1).unwrap_or("127.0.0.1:3000".into());
     let listener = tokio::net::TcpListener::bind(address).await?;
     println!("listening on http://{}", listener.local_addr()?);
+    println!("admission: {limits}");
     axum::serve(listener, app).await
 }

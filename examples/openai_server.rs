@@ -248,6 +248,7 @@ async fn main() -> ExitCode {
         engine.report_to(&gate);
         app.gate = Some(gate.clone());
         let limits = gate.limits();
+        let in_force = gate.limits_in_force();
         // One gate for every generation route: `route_layer` wraps each
         // route's matched methods with a clone of the layer (clones share
         // the gate); a 405 or 404 takes no admission capacity.
@@ -267,7 +268,8 @@ async fn main() -> ExitCode {
         format!(
             "admission: per rank engine request limit {}, engine request waiting limit {}, \
              request queue limit {}; overload status {}; metrics prefix {}; \
-             token limits: engine waiting {}, engine {}, queue {}; {qos}",
+             token limits: engine waiting {}, engine {}, queue {}; {qos}\n\
+             admission limits in force: {in_force}",
             limits.engine_request_limit,
             limits.engine_request_waiting_limit,
             limits.request_queue_limit,

@@ -69,12 +69,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .engine_request_limit(4)
             .request_queue_limit(8),
     );
+    let limits = gate.limits_in_force();
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<Completer>().await;
 
     let address = std::env::args().nth(1).unwrap_or("127.0.0.1:50051".into());
     let listener = tokio::net::TcpListener::bind(address).await?;
     println!("listening on http://{}", listener.local_addr()?);
+    println!("admission: {limits}");
     tonic::transport::Server::builder()
         // Around the whole server; health checks and reflection skip the gate.
         .layer(AdmissionLayer::new(gate).bypass(BypassPaths::grpc_health_and_reflection()))

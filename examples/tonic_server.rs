@@ -321,10 +321,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
             .grpc_timeout();
         let banner = format!(
             "admission: per rank engine request limit {}, engine request waiting limit {}, \
-             request queue limit {}; overload answer UNAVAILABLE",
+             request queue limit {}; overload answer UNAVAILABLE\n\
+             admission limits in force: {}",
             limits.engine_request_limit,
             limits.engine_request_waiting_limit,
             limits.request_queue_limit,
+            gate.limits_in_force(),
         );
         (Some(layer), banner, Some(gate))
     };

@@ -21,7 +21,7 @@
 //! # futures::executor::block_on(async {
 //! let gate = Gate::new(AdmissionConfig::new());
 //! gate.report_capacity(EngineCapacity::new(256, 1)); // from the engine
-//! let mut permit = gate.acquire(None).await?; // Err(Overloaded) when full
+//! let mut permit = gate.acquire(None).await?; // None: no rank; Err(Overloaded) when full
 //! // ... stream the response; at the first generated token:
 //! permit.first_token();
 //! // ... when the response ends, the permit is dropped.
@@ -40,8 +40,9 @@
 //! response body and is released when the stream ends. A
 //! [`FirstTokenDetector`] decides where waiting ends. Rejected requests get
 //! `529` with an OpenAI-style JSON error, or a gRPC `UNAVAILABLE`. The `http`
-//! module has the details and explains how the layer composes with timeouts
-//! and rate limits.
+//! module has the details, explains how the layer composes with timeouts
+//! and rate limiters, and how to test a service behind it with
+//! `tower-test`.
 //!
 //! # Features
 //!
@@ -90,8 +91,8 @@ type DefaultObserver = crate::gate::observe::NoObserver;
 #[cfg(feature = "clap")]
 pub use crate::config::AdmissionArgs;
 pub use crate::config::{
-    AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, Limits,
-    MAX_DP_RANKS,
+    AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, LimitSource,
+    LimitSources, Limits, LimitsInForce, MAX_DP_RANKS,
 };
 #[cfg(feature = "http")]
 pub use crate::detect::FirstTokenDetector;

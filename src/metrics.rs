@@ -78,9 +78,22 @@
 //! [`Gate::snapshot`](crate::Gate::snapshot), and when two events' values
 //! race out of the gate the later event's values win, so the last value
 //! written is always the latest state. Handles are registered when the gate
-//! is built and when the engine reports new ranks, so install the recorder
-//! (exporter) before creating the [`Gate`](crate::Gate); events then touch
+//! is built and when the engine reports new ranks; events then touch
 //! pre-registered handles.
+//!
+//! The order of installing the recorder (exporter) and creating the
+//! [`Gate`](crate::Gate) does not matter. A gate built while no recorder is
+//! installed looks for one at each event (one relaxed atomic load, and the
+//! facade's recorder lookup, until it finds one); at the first event after
+//! one is installed it registers its series with it, logs that it did
+//! (`INFO`), and sets every series at once, as
+//! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) does, counters
+//! included (they are set from the gate's tallies, so nothing counted
+//! before is lost). A gate built after the recorder pays one relaxed load
+//! per event for this. (The facade cannot say whether a recorder is
+//! installed; the gate takes a zero-sized recorder — the facade's no-op
+//! one — for none. A zero-sized recorder of your own still receives the
+//! series registered when the gate was built.)
 //!
 //! A recorder that panics loses its own observation and nothing else: the
 //! gate's capacity, its waiters and the process are unaffected.
@@ -118,7 +131,7 @@
 //! the scrape (the examples do).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use metrics::{Counter, Gauge, Histogram, Unit};
@@ -674,15 +687,55 @@ impl BucketMetrics {
 pub(crate) struct Recorder {
     names: Names,
     shape: Shape,
+    /// The series registered when the gate was built.
+    built: Series,
+    /// The series registered with a recorder installed after the gate was
+    /// built without one; once registered, the ones recorded.
+    late: OnceLock<Series>,
+    /// Whether the gate was built with no recorder installed and none has
+    /// appeared since: until one does, each event looks for it.
+    looking: AtomicBool,
+}
+
+/// One registration of the gate's series, with one recorder.
+struct Series {
     unranked: BucketMetrics,
     ranks: RankTable,
+}
+
+impl Series {
+    fn register(names: &Names, shape: &Shape) -> Self {
+        contain(|| {
+            names.describe();
+            if shape.token_limits.is_some() {
+                names.describe_tokens();
+            }
+            if !shape.priorities.is_empty() {
+                names.describe_priorities();
+            }
+        });
+        Series {
+            unranked: BucketMetrics::register(names, shape, None),
+            ranks: RankTable::new(),
+        }
+    }
+}
+
+/// Whether a metrics recorder is installed (globally, or locally on this
+/// thread). The `metrics` facade has no such question, but the recorder it
+/// uses when none is installed is zero-sized and every real one holds
+/// state: a zero-sized recorder of the user's own is taken for none, which
+/// only means the gate keeps the series it registered with it when built.
+fn recorder_installed() -> bool {
+    metrics::with_recorder(|recorder| std::mem::size_of_val(recorder) != 0)
 }
 
 impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Recorder")
             .field("prefix_of", &self.names.engine_request_count)
-            .field("ranks", &self.ranks.len())
+            .field("ranks", &self.series().0.ranks.len())
+            .field("late", &self.late.get().is_some())
             .finish()
     }
 }
@@ -696,20 +749,12 @@ impl Observer for Recorder {
         let prefix = config.metrics_prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
         let names = Names::new(prefix);
         let shape = Shape::of(config);
-        contain(|| {
-            names.describe();
-            if shape.token_limits.is_some() {
-                names.describe_tokens();
-            }
-            if !shape.priorities.is_empty() {
-                names.describe_priorities();
-            }
-        });
         Recorder {
-            unranked: BucketMetrics::register(&names, &shape, None),
+            built: Series::register(&names, &shape),
+            looking: AtomicBool::new(!recorder_installed()),
+            late: OnceLock::new(),
             names,
             shape,
-            ranks: RankTable::new(),
         }
     }
 
@@ -717,10 +762,11 @@ impl Observer for Recorder {
     /// were refreshed: every gauge is set, new ranks are registered,
     /// vanished ranks zeroed.
     fn configured(&self, configured: &Configured) {
+        let (series, _) = self.series();
         let seq = configured.seq;
         // Before the first report the gate assumes one rank.
         let combined = configured.ranks.max(1);
-        self.unranked.apply(
+        series.unranked.apply(
             seq,
             &configured.unranked,
             true,
@@ -733,13 +779,17 @@ impl Observer for Recorder {
             } else {
                 NO_LIMITS
             };
-            self.bucket(view.rank)
+            self.bucket(series, view.rank)
                 .apply(seq, view, true, Some((limits, 1)));
         }
     }
 
-    fn observe(&self, observation: &Observation) {
-        let bucket = self.bucket(observation.bucket.rank);
+    /// Records one event; asks for the whole picture when it registered
+    /// the series just now, with a recorder installed after the gate was
+    /// built.
+    fn observe(&self, observation: &Observation) -> bool {
+        let (series, registered) = self.series();
+        let bucket = self.bucket(series, observation.bucket.rank);
         if let Some(waited) = observation.queue_wait {
             bucket.queue_wait.record(waited.as_secs_f64());
         }
@@ -753,18 +803,51 @@ impl Observer for Recorder {
             None,
         );
         for view in &observation.offered {
-            self.bucket(view.rank)
+            self.bucket(series, view.rank)
                 .apply(observation.seq, view, false, None);
         }
+        registered
     }
 }
 
 impl Recorder {
+    /// The series to record with, and whether they were registered just
+    /// now. One relaxed load on the path of a gate built after its
+    /// recorder was installed.
+    #[inline]
+    fn series(&self) -> (&Series, bool) {
+        if self.looking.load(Ordering::Relaxed) {
+            return self.look_for_recorder();
+        }
+        (self.late.get().unwrap_or(&self.built), false)
+    }
+
+    /// The gate was built with no recorder installed: registers the series
+    /// with one installed since, if there is one now.
+    #[cold]
+    fn look_for_recorder(&self) -> (&Series, bool) {
+        if !recorder_installed() {
+            return (self.late.get().unwrap_or(&self.built), false);
+        }
+        let mut registered = false;
+        let late = self.late.get_or_init(|| {
+            registered = true;
+            tracing::info!(
+                prefix_of = %self.names.engine_request_count,
+                "a metrics recorder was installed after the admission gate was built: \
+                 registering the gate's series with it now"
+            );
+            Series::register(&self.names, &self.shape)
+        });
+        self.looking.store(false, Ordering::Relaxed);
+        (late, registered)
+    }
+
     /// The handles of a bucket, registered on first use.
-    fn bucket(&self, rank: Option<u32>) -> &BucketMetrics {
+    fn bucket<'a>(&'a self, series: &'a Series, rank: Option<u32>) -> &'a BucketMetrics {
         match rank {
-            None => &self.unranked,
-            Some(rank) => self.ranks.get_or_register(rank as usize, || {
+            None => &series.unranked,
+            Some(rank) => series.ranks.get_or_register(rank as usize, || {
                 BucketMetrics::register(&self.names, &self.shape, Some(rank))
             }),
         }

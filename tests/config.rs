@@ -1,11 +1,11 @@
 //! Configuration from environment variables and command-line flags (SPEC §5):
 //! precedence, trimming, invalid values, warnings.
 
+#[path = "support/logs.rs"]
+mod logs;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io;
-use std::sync::{Arc, Mutex};
-
 use std::time::Duration;
 
 use tower_admission::{AdmissionConfig, EngineCapacity};
@@ -362,29 +362,12 @@ fn from_env_child() {
     assert_eq!(config.explicit_request_queue_wait_limit(), None);
 }
 
-/// Captures what `tracing` logs while `f` runs on this thread.
+/// Captures what `tracing` logs at `WARN` and above while `f` runs on
+/// this thread.
 fn logs_of(f: impl FnOnce()) -> String {
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl io::Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let bytes = buffer.0.lock().unwrap().clone();
-    String::from_utf8(bytes).unwrap()
+    let logs = logs::Logs::at(tracing::Level::WARN);
+    logs.capture(f);
+    logs.text()
 }
 
 #[test]

@@ -731,6 +731,17 @@ async fn flags_and_environment_configure_the_gate_and_the_overload_status() {
         "{}",
         server.banner
     );
+    // Where each came from, and what unranked requests get.
+    assert!(
+        server.banner.contains(
+            "admission limits in force: 1 rank (reported: max_num_seqs 8, dp_ranks 1); per rank: \
+             engine request limit 1 (variable DYN_ENGINE_REQUEST_LIMIT), \
+             engine request waiting limit 8 (default: the reported max_num_seqs), \
+             request queue limit 0 (variable DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT)"
+        ),
+        "{}",
+        server.banner
+    );
     let client = Client::new(&server);
     let held = client.hold(None).await;
     let answer = within(client.post("/v1/chat/completions", None, &chat(4, true))).await;

@@ -14,65 +14,76 @@ use std::fmt;
 use std::num::IntErrorKind;
 use std::time::Duration;
 
-use super::AdmissionConfig;
+use super::{AdmissionConfig, LimitSource};
 
 /// One setting's environment variables and the smallest value it accepts.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Setting {
+    /// The command-line flag of the setting.
+    pub(crate) flag: &'static str,
     pub(crate) canonical: &'static str,
     pub(crate) alias: Option<&'static str>,
     pub(crate) minimum: usize,
 }
 
 pub(crate) const ENGINE_REQUEST_LIMIT: Setting = Setting {
+    flag: "--engine-request-limit",
     canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
     alias: Some("DYN_ENGINE_REQUEST_LIMIT"),
     minimum: 1,
 };
 
 pub(crate) const ENGINE_REQUEST_WAITING_LIMIT: Setting = Setting {
+    flag: "--engine-request-waiting-limit",
     canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
     alias: Some("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT"),
     minimum: 1,
 };
 
 pub(crate) const REQUEST_QUEUE_LIMIT: Setting = Setting {
+    flag: "--request-queue-limit",
     canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
     alias: Some("DYN_DYNAMO_REQUEST_QUEUE_LIMIT"),
     minimum: 0,
 };
 
 pub(crate) const ENGINE_WAITING_TOKEN_LIMIT: Setting = Setting {
+    flag: "--engine-waiting-token-limit",
     canonical: "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT",
     alias: None,
     minimum: 1,
 };
 
 pub(crate) const ENGINE_TOKEN_LIMIT: Setting = Setting {
+    flag: "--engine-token-limit",
     canonical: "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT",
     alias: None,
     minimum: 1,
 };
 
 pub(crate) const REQUEST_QUEUE_TOKEN_LIMIT: Setting = Setting {
+    flag: "--request-queue-token-limit",
     canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT",
     alias: None,
     minimum: 1,
 };
 
 pub(crate) const REQUEST_QUEUE_WAIT_LIMIT_MS: Setting = Setting {
+    flag: "--request-queue-wait-limit-ms",
     canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS",
     alias: None,
     minimum: 1,
 };
 
 pub(crate) const TTFT_OBJECTIVE_MS: Setting = Setting {
+    flag: "--ttft-objective-ms",
     canonical: "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS",
     alias: None,
     minimum: 1,
 };
 
 pub(crate) const AGING_INTERVAL_MS: Setting = Setting {
+    flag: "--aging-interval-ms",
     canonical: "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS",
     alias: None,
     minimum: 1,
@@ -108,41 +119,36 @@ pub(crate) fn resolve(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> AdmissionConfig {
     let mut config = AdmissionConfig::new();
-    let engine_request_limit = overrides
-        .engine_request_limit
-        .or_else(|| ENGINE_REQUEST_LIMIT.lookup(lookup));
-    if let Some(n) = engine_request_limit {
+    if let Some((n, source)) = ENGINE_REQUEST_LIMIT.resolve(overrides.engine_request_limit, lookup)
+    {
         config = config.engine_request_limit(n);
+        config.sources.engine_request_limit = source;
     }
-    let engine_request_waiting_limit = overrides
-        .engine_request_waiting_limit
-        .or_else(|| ENGINE_REQUEST_WAITING_LIMIT.lookup(lookup));
-    if let Some(n) = engine_request_waiting_limit {
+    if let Some((n, source)) =
+        ENGINE_REQUEST_WAITING_LIMIT.resolve(overrides.engine_request_waiting_limit, lookup)
+    {
         config = config.engine_request_waiting_limit(n);
+        config.sources.engine_request_waiting_limit = source;
     }
-    let request_queue_limit = overrides
-        .request_queue_limit
-        .or_else(|| REQUEST_QUEUE_LIMIT.lookup(lookup));
-    if let Some(n) = request_queue_limit {
+    if let Some((n, source)) = REQUEST_QUEUE_LIMIT.resolve(overrides.request_queue_limit, lookup) {
         config = config.request_queue_limit(n);
+        config.sources.request_queue_limit = source;
     }
-    let engine_waiting_token_limit = overrides
-        .engine_waiting_token_limit
-        .or_else(|| ENGINE_WAITING_TOKEN_LIMIT.lookup(lookup));
-    if let Some(n) = engine_waiting_token_limit {
+    if let Some((n, source)) =
+        ENGINE_WAITING_TOKEN_LIMIT.resolve(overrides.engine_waiting_token_limit, lookup)
+    {
         config = config.engine_waiting_token_limit(n);
+        config.sources.engine_waiting_token_limit = source;
     }
-    let engine_token_limit = overrides
-        .engine_token_limit
-        .or_else(|| ENGINE_TOKEN_LIMIT.lookup(lookup));
-    if let Some(n) = engine_token_limit {
+    if let Some((n, source)) = ENGINE_TOKEN_LIMIT.resolve(overrides.engine_token_limit, lookup) {
         config = config.engine_token_limit(n);
+        config.sources.engine_token_limit = source;
     }
-    let request_queue_token_limit = overrides
-        .request_queue_token_limit
-        .or_else(|| REQUEST_QUEUE_TOKEN_LIMIT.lookup(lookup));
-    if let Some(n) = request_queue_token_limit {
+    if let Some((n, source)) =
+        REQUEST_QUEUE_TOKEN_LIMIT.resolve(overrides.request_queue_token_limit, lookup)
+    {
         config = config.request_queue_token_limit(n);
+        config.sources.request_queue_token_limit = source;
     }
     let millis = |n: usize| Duration::from_millis(n as u64);
     let request_queue_wait_limit = overrides
@@ -190,14 +196,29 @@ pub(crate) fn process_env(name: &str) -> Option<String> {
 }
 
 impl Setting {
+    /// The value of the flag, when given, else of the first of the two
+    /// variables that holds a valid one, with where it came from.
+    fn resolve(
+        &self,
+        flag: Option<usize>,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Option<(usize, LimitSource)> {
+        if let Some(n) = flag {
+            return Some((n, LimitSource::Flag(self.flag)));
+        }
+        let from = |variable: &'static str, next| {
+            self.read(variable, lookup, next)
+                .map(|n| (n, LimitSource::Variable(variable)))
+        };
+        match self.alias {
+            Some(alias) => from(self.canonical, alias).or_else(|| from(alias, "the default")),
+            None => from(self.canonical, "the default"),
+        }
+    }
+
     /// The value of the first of the two variables that holds a valid one.
     fn lookup(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Option<usize> {
-        match self.alias {
-            Some(alias) => self
-                .read(self.canonical, lookup, alias)
-                .or_else(|| self.read(alias, lookup, "the default")),
-            None => self.read(self.canonical, lookup, "the default"),
-        }
+        self.resolve(None, lookup).map(|(n, _)| n)
     }
 
     /// The value of one variable, if it is set and valid; `next` names the

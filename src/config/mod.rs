@@ -100,6 +100,8 @@ pub struct AdmissionConfig {
     pub(crate) tenant_weights: BTreeMap<String, u32>,
     pub(crate) clock: Clock,
     pub(crate) capacity: Option<EngineCapacity>,
+    /// Where each request and token limit was set.
+    pub(crate) sources: LimitSources,
     #[cfg(feature = "metrics")]
     pub(crate) metrics_prefix: Option<String>,
 }
@@ -125,7 +127,8 @@ impl fmt::Debug for AdmissionConfig {
             .field("aging_interval", &self.aging_interval)
             .field("priority_bands", &self.priority_bands)
             .field("tenant_weights", &self.tenant_weights)
-            .field("capacity", &self.capacity);
+            .field("capacity", &self.capacity)
+            .field("sources", &self.sources);
         #[cfg(feature = "metrics")]
         d.field("metrics_prefix", &self.metrics_prefix);
         d.finish()
@@ -147,6 +150,7 @@ impl AdmissionConfig {
     #[track_caller]
     pub fn engine_request_limit(mut self, n: usize) -> Self {
         self.engine_request_limit = Some(positive("engine_request_limit", n));
+        self.sources.engine_request_limit = LimitSource::Code;
         self
     }
 
@@ -159,6 +163,7 @@ impl AdmissionConfig {
     #[track_caller]
     pub fn engine_request_waiting_limit(mut self, n: usize) -> Self {
         self.engine_request_waiting_limit = Some(positive("engine_request_waiting_limit", n));
+        self.sources.engine_request_waiting_limit = LimitSource::Code;
         self
     }
 
@@ -166,6 +171,7 @@ impl AdmissionConfig {
     /// that cannot enter the engine at once is rejected.
     pub fn request_queue_limit(mut self, n: usize) -> Self {
         self.request_queue_limit = Some(n);
+        self.sources.request_queue_limit = LimitSource::Code;
         self
     }
 
@@ -184,6 +190,7 @@ impl AdmissionConfig {
     #[track_caller]
     pub fn engine_waiting_token_limit(mut self, n: usize) -> Self {
         self.engine_waiting_token_limit = Some(positive("engine_waiting_token_limit", n));
+        self.sources.engine_waiting_token_limit = LimitSource::Code;
         self
     }
 
@@ -197,6 +204,7 @@ impl AdmissionConfig {
     #[track_caller]
     pub fn engine_token_limit(mut self, n: usize) -> Self {
         self.engine_token_limit = Some(positive("engine_token_limit", n));
+        self.sources.engine_token_limit = LimitSource::Code;
         self
     }
 
@@ -209,6 +217,7 @@ impl AdmissionConfig {
     #[track_caller]
     pub fn request_queue_token_limit(mut self, n: usize) -> Self {
         self.request_queue_token_limit = Some(positive("request_queue_token_limit", n));
+        self.sources.request_queue_token_limit = LimitSource::Code;
         self
     }
 
@@ -566,6 +575,208 @@ pub struct Limits {
     /// Prompt tokens of requests waiting in the gate's queue; `None`: not
     /// limited.
     pub request_queue_token_limit: Option<usize>,
+}
+
+/// Where a limit in force comes from, by SPEC §5's precedence: a flag, then
+/// a variable (canonical, then alias), then the default. A limit set with
+/// the builder is [`Code`](Self::Code).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LimitSource {
+    /// A command-line flag (`AdmissionArgs`, feature `clap`), by name.
+    Flag(&'static str),
+    /// An environment variable, by name.
+    Variable(&'static str),
+    /// The builder ([`AdmissionConfig::engine_request_limit`] and its
+    /// siblings).
+    Code,
+    /// Not set. A request limit then follows the engine: its reported
+    /// `max_num_seqs` (twice that for the queue), or
+    /// [`DEFAULT_ENGINE_LIMIT`] and [`DEFAULT_QUEUE_LIMIT`] until it
+    /// reports; a token limit is off.
+    #[default]
+    Default,
+}
+
+impl fmt::Display for LimitSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitSource::Flag(flag) => write!(f, "flag {flag}"),
+            LimitSource::Variable(variable) => write!(f, "variable {variable}"),
+            LimitSource::Code => f.write_str("set in code"),
+            LimitSource::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// Where each request and token limit comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LimitSources {
+    /// Of [`Limits::engine_request_limit`].
+    pub engine_request_limit: LimitSource,
+    /// Of [`Limits::engine_request_waiting_limit`].
+    pub engine_request_waiting_limit: LimitSource,
+    /// Of [`Limits::request_queue_limit`].
+    pub request_queue_limit: LimitSource,
+    /// Of [`Limits::engine_waiting_token_limit`].
+    pub engine_waiting_token_limit: LimitSource,
+    /// Of [`Limits::engine_token_limit`].
+    pub engine_token_limit: LimitSource,
+    /// Of [`Limits::request_queue_token_limit`].
+    pub request_queue_token_limit: LimitSource,
+}
+
+/// The limits a gate enforces, per rank and combined, and where each comes
+/// from: what [`Gate::limits_in_force`](crate::Gate::limits_in_force)
+/// returns, what the gate logs (`tracing`, level `INFO`) when it is built
+/// and whenever a capacity report changes it, and what a server prints at
+/// start-up (its `Display`).
+///
+/// Unranked requests draw on the **combined** capacity: `ranks ×` each
+/// per-rank limit. With two reported ranks and per-rank limits of 4 (queue
+/// 8), ranked requests get 4 running and 8 queued on each rank, and
+/// unranked ones 8 running and 16 queued between them:
+///
+/// ```
+/// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+///
+/// let gate = Gate::new(
+///     AdmissionConfig::new()
+///         .engine_request_limit(4)
+///         .engine_request_waiting_limit(4)
+///         .request_queue_limit(8)
+///         .capacity(EngineCapacity::new(256, 2)),
+/// );
+/// let in_force = gate.limits_in_force();
+/// assert_eq!(in_force.per_rank.engine_request_limit, 4);
+/// assert_eq!(in_force.combined().engine_request_limit, 8);
+/// assert_eq!(in_force.combined().request_queue_limit, 16);
+/// assert_eq!(
+///     in_force.to_string(),
+///     "2 ranks (reported: max_num_seqs 256, dp_ranks 2); per rank: \
+///      engine request limit 4 (set in code), engine request waiting limit 4 (set in code), \
+///      request queue limit 8 (set in code); combined, for unranked requests: \
+///      engine request limit 8, engine request waiting limit 8, request queue limit 16"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimitsInForce {
+    /// The limits of each rank.
+    pub per_rank: Limits,
+    /// How many ranks the combined capacity spans: the engine's reported
+    /// `dp_ranks`, or 1 before it reports.
+    pub ranks: usize,
+    /// The engine's latest capacity report, `None` before the first.
+    pub capacity: Option<EngineCapacity>,
+    /// Where each limit comes from.
+    pub sources: LimitSources,
+}
+
+impl LimitsInForce {
+    /// The worker's combined capacity, `ranks ×` each per-rank limit: what
+    /// unranked requests draw on, and what every request must also fit.
+    pub fn combined(&self) -> Limits {
+        let times = |per_rank: usize| per_rank.saturating_mul(self.ranks);
+        let limits = &self.per_rank;
+        Limits {
+            engine_request_limit: times(limits.engine_request_limit),
+            engine_request_waiting_limit: times(limits.engine_request_waiting_limit),
+            request_queue_limit: times(limits.request_queue_limit),
+            engine_waiting_token_limit: limits.engine_waiting_token_limit.map(times),
+            engine_token_limit: limits.engine_token_limit.map(times),
+            request_queue_token_limit: limits.request_queue_token_limit.map(times),
+        }
+    }
+
+    /// Where a request limit comes from, in words: a default says what it
+    /// follows.
+    fn source(&self, source: LimitSource, queue: bool) -> String {
+        match (source, self.capacity, queue) {
+            (LimitSource::Default, Some(_), false) => "default: the reported max_num_seqs".into(),
+            (LimitSource::Default, Some(_), true) => {
+                "default: 2 × the reported max_num_seqs".into()
+            }
+            (LimitSource::Default, None, _) => "default until the engine reports".into(),
+            (source, _, _) => source.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for LimitsInForce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (limits, sources, combined) = (&self.per_rank, &self.sources, self.combined());
+        match self.capacity {
+            Some(capacity) => write!(
+                f,
+                "{} rank{} (reported: max_num_seqs {}, dp_ranks {})",
+                self.ranks,
+                if self.ranks == 1 { "" } else { "s" },
+                capacity.max_num_seqs,
+                capacity.dp_ranks
+            )?,
+            None => f.write_str("1 rank (assumed: the engine has not reported its capacity)")?,
+        }
+        write!(
+            f,
+            "; per rank: engine request limit {} ({}), engine request waiting limit {} ({}), \
+             request queue limit {} ({})",
+            limits.engine_request_limit,
+            self.source(sources.engine_request_limit, false),
+            limits.engine_request_waiting_limit,
+            self.source(sources.engine_request_waiting_limit, false),
+            limits.request_queue_limit,
+            self.source(sources.request_queue_limit, true),
+        )?;
+        let tokens = [
+            (
+                "engine waiting token limit",
+                limits.engine_waiting_token_limit,
+                sources.engine_waiting_token_limit,
+            ),
+            (
+                "engine token limit",
+                limits.engine_token_limit,
+                sources.engine_token_limit,
+            ),
+            (
+                "request queue token limit",
+                limits.request_queue_token_limit,
+                sources.request_queue_token_limit,
+            ),
+        ];
+        for (name, limit, source) in tokens {
+            if let Some(limit) = limit {
+                write!(f, ", {name} {limit} ({source})")?;
+            }
+        }
+        write!(
+            f,
+            "; combined, for unranked requests: engine request limit {}, \
+             engine request waiting limit {}, request queue limit {}",
+            combined.engine_request_limit,
+            combined.engine_request_waiting_limit,
+            combined.request_queue_limit,
+        )?;
+        let combined_tokens = [
+            (
+                "engine waiting token limit",
+                combined.engine_waiting_token_limit,
+            ),
+            ("engine token limit", combined.engine_token_limit),
+            (
+                "request queue token limit",
+                combined.request_queue_token_limit,
+            ),
+        ];
+        for (name, limit) in combined_tokens {
+            if let Some(limit) = limit {
+                write!(f, ", {name} {limit}")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use super::permit::Permit;
 use super::state::{Arrival, Class, Demand, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
 use crate::DefaultObserver;
-use crate::config::{AdmissionConfig, Clock, EngineCapacity, Limits};
+use crate::config::{AdmissionConfig, Clock, EngineCapacity, Limits, LimitsInForce};
 
 /// The admission gate of one worker. Cheap to clone: clones share one state.
 ///
@@ -129,7 +129,10 @@ impl Gate {
                 clock,
             }),
         };
-        gate.end_event(gate.lock(), Concerned::Everything);
+        let state = gate.lock();
+        let in_force = state.limits_in_force();
+        gate.end_event(state, Concerned::Everything);
+        log_limits(&in_force, "the gate was built");
         gate
     }
 
@@ -215,9 +218,36 @@ impl Gate {
         let time = self.time();
         let mut state = self.lock();
         self.advance(&mut state, time);
+        let before = state.limits_in_force();
         if state.report_capacity(capacity) {
+            let after = state.limits_in_force();
             self.end_event(state, Concerned::Everything);
+            // Engines report again and again; say so only when it matters.
+            if after.per_rank != before.per_rank || after.ranks != before.ranks {
+                log_limits(&after, "the engine reported its capacity");
+            }
         }
+    }
+
+    /// The limits in force, per rank and combined, and where each comes
+    /// from (a flag, a variable, the code, or the default following the
+    /// engine's reported capacity). The gate logs the same at `INFO` when it
+    /// is built and whenever a capacity report changes them; a server
+    /// prints it at start-up.
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+    ///
+    /// let gate = Gate::new(AdmissionConfig::new().request_queue_limit(8));
+    /// gate.report_capacity(EngineCapacity::new(4, 2)); // 2 ranks of 4
+    /// let in_force = gate.limits_in_force();
+    /// assert_eq!(in_force.per_rank.engine_request_limit, 4); // the reported max_num_seqs
+    /// assert_eq!(in_force.combined().engine_request_limit, 8); // unranked: both ranks'
+    /// assert_eq!(in_force.combined().request_queue_limit, 16);
+    /// println!("admission: {in_force}");
+    /// ```
+    pub fn limits_in_force(&self) -> LimitsInForce {
+        self.lock().limits_in_force()
     }
 
     /// Counts, limits and tallies at this instant.
@@ -326,7 +356,9 @@ impl Gate {
                 for (view, oldest) in observation.offered.iter_mut().zip(offered_oldest) {
                     now.measure(view, oldest);
                 }
-                contain(|| observer.observe(&observation));
+                if contain(|| observer.observe(&observation)) {
+                    self.refresh_metrics();
+                }
             }
             Concerned::Everything => {
                 let mut configured = Configured {
@@ -403,6 +435,22 @@ impl Gate {
         };
         self.end_event(state, concerned);
     }
+}
+
+/// Logs the limits in force, outside the gate's lock (a subscriber is user
+/// code).
+fn log_limits(in_force: &LimitsInForce, why: &str) {
+    let (per_rank, combined) = (in_force.per_rank, in_force.combined());
+    tracing::info!(
+        ranks = in_force.ranks,
+        engine_request_limit = per_rank.engine_request_limit,
+        engine_request_waiting_limit = per_rank.engine_request_waiting_limit,
+        request_queue_limit = per_rank.request_queue_limit,
+        combined_engine_request_limit = combined.engine_request_limit,
+        combined_engine_request_waiting_limit = combined.engine_request_waiting_limit,
+        combined_request_queue_limit = combined.request_queue_limit,
+        "admission limits in force ({why}): {in_force}"
+    );
 }
 
 /// When a queued request arrived, on the clock its age is measured with.
@@ -648,7 +696,9 @@ impl Future for Acquire {
         if let Some((mut observation, oldest)) = observation {
             Now::of(&gate.inner.clock).measure(&mut observation.bucket, oldest);
             let observer = &gate.inner.observer;
-            contain(|| observer.observe(&observation));
+            if contain(|| observer.observe(&observation)) {
+                gate.refresh_metrics();
+            }
         }
         Poll::Ready(Ok(Permit::new(gate, grant, offered_at)))
     }

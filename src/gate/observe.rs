@@ -84,7 +84,10 @@ pub(crate) trait Observer: Send + Sync + 'static {
 
     fn new(config: &AdmissionConfig) -> Self;
     fn configured(&self, configured: &Configured);
-    fn observe(&self, observation: &Observation);
+    /// Returns whether the observer wants the whole picture now (it has
+    /// just registered its series): the driver then refreshes it, as
+    /// [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) does.
+    fn observe(&self, observation: &Observation) -> bool;
 }
 
 /// The observer when nothing observes.
@@ -101,16 +104,19 @@ impl Observer for NoObserver {
 
     fn configured(&self, _: &Configured) {}
 
-    fn observe(&self, _: &Observation) {}
+    fn observe(&self, _: &Observation) -> bool {
+        false
+    }
 }
 
 /// Runs observer code, swallowing a panic: it must not unwind through the
 /// gate (a permit dropped during unwinding would abort the process), and
 /// the gate's state is consistent whatever the observer did.
-pub(crate) fn contain(observe: impl FnOnce()) {
-    if catch_unwind(AssertUnwindSafe(observe)).is_err() {
+pub(crate) fn contain<T: Default>(observe: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(observe)).unwrap_or_else(|_| {
         tracing::warn!("a gate observer (metrics recorder) panicked; its observation was dropped");
-    }
+        T::default()
+    })
 }
 
 /// An instant, for the observer's durations. Without an observer that wants

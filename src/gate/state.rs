@@ -50,7 +50,7 @@ use super::types::{
     AdmitSource, BandTally, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tally,
     Tenant,
 };
-use crate::config::{AdmissionConfig, EngineCapacity, Limits};
+use crate::config::{AdmissionConfig, EngineCapacity, Limits, LimitsInForce};
 
 mod queue;
 
@@ -804,6 +804,16 @@ impl<T> State<T> {
 
     pub(crate) fn capacity(&self) -> Option<EngineCapacity> {
         self.capacity
+    }
+
+    /// The limits in force, per rank and combined, with their sources.
+    pub(crate) fn limits_in_force(&self) -> LimitsInForce {
+        LimitsInForce {
+            per_rank: self.limits,
+            ranks: self.recognised_ranks().max(1),
+            capacity: self.capacity,
+            sources: self.config.sources,
+        }
     }
 
     /// The ranks currently recognised (0 before the first report).

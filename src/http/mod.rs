@@ -29,16 +29,21 @@
 //!   header is sent:
 //!   - HTTP: status `529 Site is overloaded` (configurable with
 //!     [`AdmissionLayer::overload_status`]), `content-type: application/json`,
-//!     and a body in the OpenAI error format, with the rejection's scope and
-//!     rank as extra members:
-//!     `{"error":{"message":"…","type":"overloaded","param":null,"code":529,"scope":"rank","rank":3}}`
-//!     (`"scope":"worker","rank":null` for worker scope);
+//!     and a body in the OpenAI error format (`message`, `type`, `param`,
+//!     `code`), with the rejection's `scope`, `rank` and `reason` as extra
+//!     members, in this order:
+//!     `{"error":{"message":"overloaded: data-parallel rank 1 has no room to admit or queue the request","type":"overloaded","param":null,"code":529,"scope":"rank","rank":1,"reason":"queue_full"}}`
+//!     (`"scope":"worker","rank":null` for worker scope; `reason` is
+//!     `queue_full`, `deadline` or `displaced`, as in the
+//!     `x-admission-rejection-reason` header). The example under
+//!     [Testing](#testing-with-tower-test) receives exactly this body;
 //!   - gRPC (request `content-type: application/grpc…`): a trailers-only
 //!     `200` with `grpc-status: 14` (`UNAVAILABLE`, configurable with
 //!     [`AdmissionLayer::grpc_overload_code`]) and a percent-encoded
 //!     `grpc-message`, and an empty body; a gRPC-Web request gets its own
 //!     `content-type` back;
-//!   - both carry `x-admission-rejection-scope: rank|worker`, and
+//!   - both carry `x-admission-rejection-scope: rank|worker`,
+//!     `x-admission-rejection-reason: queue_full|deadline|displaced`, and
 //!     `x-admission-rank: N` for rank scope. Worker-scoped rejections add
 //!     `retry-after: 1` (HTTP) or `grpc-retry-pushback-ms: 1000` (gRPC): a
 //!     frontend should route elsewhere for a second
@@ -53,7 +58,11 @@
 //! reason phrases.
 //!
 //! The service's error type is the inner service's: rejections are
-//! responses, so axum needs no `HandleErrorLayer`.
+//! responses, so the admission layer adds no error of its own and, around
+//! an infallible service (an axum handler or route), needs no
+//! `HandleErrorLayer`. A layer inside it that has errors of its own still
+//! does: tower's `Buffer` turns every error into `BoxError`, and an axum
+//! route must be infallible (see [pacing](#composing-with-other-middleware)).
 //!
 //! # Example: axum
 //!
@@ -127,17 +136,60 @@
 //!   admitted one. Inside admission it bounds only the inner service, and a
 //!   queued request may wait for as long as the queue takes (the gate has no
 //!   queue timeout by default).
-//! * **Don't put a `ConcurrencyLimit` or `RateLimit` in front.** They push
-//!   back in `poll_ready`. Outside admission, requests stall *before* the
-//!   gate sees them: an invisible queue with no bound, no FIFO across
-//!   connections, no overload answer. A `ConcurrencyLimit` also counts a
-//!   request only until its response head, not until its stream ends. The
-//!   gate already is the concurrency limit: size it instead.
-//! * **Pacing goes inside, behind a `Buffer`.** `Admission` needs a `Clone`
-//!   inner service, because each request drives its own clone. `RateLimit`
-//!   is not `Clone`; behind a `Buffer`, the gate decides at call time and
-//!   only admitted requests wait for the limiter (still counted as admitted
-//!   while they do).
+//! * **Rate limiters that reject go outside; those that delay go inside.**
+//!   A limiter that answers at once — `429` per key: `tower_governor`, an
+//!   API-key quota, a token bucket of your own — belongs *in front of* the
+//!   gate: a request it turns away never reaches the gate, so it takes no
+//!   capacity and is not counted as received. A limiter that *delays*
+//!   (tower's `RateLimit`, or `ConcurrencyLimit`) must never be in front:
+//!   it pushes back in `poll_ready`, and outside admission requests stall
+//!   *before* the gate sees them — an invisible queue with no bound, no
+//!   FIFO across connections, no overload answer (30 requests at once
+//!   through `RateLimit(2/s)` outside all get `200`, the last some 14 s
+//!   later). A `ConcurrencyLimit` also counts a request only until its
+//!   response head, not until its stream ends; the gate already is the
+//!   concurrency limit: size it instead.
+//! * **Pacing goes inside, behind a `Buffer`, and axum needs a
+//!   `HandleErrorLayer` for it.** `Admission` needs a `Clone` inner service,
+//!   because each request drives its own clone; `RateLimit` is not `Clone`,
+//!   and a `Buffer` in front of it shares one among the clones. The gate
+//!   decides at call time and only admitted requests wait for the limiter
+//!   (still counted as admitted while they do). `Buffer`'s error is
+//!   `BoxError`, and an axum route must be infallible: put axum's
+//!   `HandleErrorLayer` between the admission layer and the `Buffer`.
+//!   And build the router **once** (`.with_state(())` before
+//!   `axum::serve`): otherwise axum builds a `route_layer`'s stack for each
+//!   connection, each connection gets a `Buffer` and `RateLimit` of its
+//!   own, and the pacing limits nothing (axum issues #2582 and #2634).
+//!
+//!   ```
+//!   # #[tokio::main(flavor = "current_thread")]
+//!   # async fn main() {
+//!   use std::time::Duration;
+//!
+//!   use axum::error_handling::HandleErrorLayer;
+//!   use axum::{BoxError, Router, http::StatusCode, routing::post};
+//!   use tower::{ServiceBuilder, buffer::BufferLayer, limit::RateLimitLayer};
+//!   use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
+//!
+//!   let gate = Gate::new(AdmissionConfig::new());
+//!   let paced = ServiceBuilder::new()
+//!       .layer(AdmissionLayer::new(gate)) // decides first
+//!       .layer(HandleErrorLayer::new(|error: BoxError| async move {
+//!           (StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+//!       }))
+//!       .layer(BufferLayer::new(1024)) // at least the engine request limit
+//!       .layer(RateLimitLayer::new(2, Duration::from_secs(1)));
+//!   let app: Router = Router::new()
+//!       .route("/v1/chat/completions", post(|| async { "…" }).route_layer(paced))
+//!       .with_state(()); // built once: one Buffer and RateLimit for every connection
+//!   # let _ = app;
+//!   # }
+//!   ```
+//!
+//!   `examples/axum_rate_limits.rs` adds a `tower_governor` quota per API
+//!   key outside the gate; `tests/rate_limits.rs` checks both over real
+//!   sockets.
 //! * **`LoadShed` outside** never sheds: admission is always ready. Its
 //!   rejections are replaced by admission's.
 //! * **Compression goes outside.** The detector must see the bytes the
@@ -145,6 +197,114 @@
 //!   compressed event stream, so waiting would end in the wrong place.
 //! * **Tracing and metrics go outside**, so that they see overload answers.
 //! * **Routes**: each route's clone of the layer shares the layer's gate.
+//!
+//! # Testing with tower-test
+//!
+//! The layer is a plain tower `Service` over `http` types, so
+//! `tower_test::mock` stands in for the engine, and `tokio_test::task`
+//! polls the response futures one step at a time: each assertion sees the
+//! gate exactly where the requests left it, with no runtime and no sleeps.
+//! A request queued while the engine request limit is full does not reach
+//! the mock, and is admitted when the first response's **body** ends (not
+//! its head):
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
+//! use tower_admission::{AdmissionConfig, AdmissionLayer, Counts, Gate};
+//! use tower_test::mock;
+//!
+//! // One request in the engine at a time, one place in the queue.
+//! let gate = Gate::new(AdmissionConfig::new().engine_request_limit(1).request_queue_limit(1));
+//! let layer = AdmissionLayer::new(gate.clone());
+//! let (mut service, mut engine) = mock::spawn_layer::<Request<()>, Response<Full<Bytes>>, _>(layer);
+//!
+//! // The first request is admitted and reaches the mock engine.
+//! assert_ready_ok!(service.poll_ready());
+//! let mut first = task::spawn(service.call(Request::new(())));
+//! assert_pending!(first.poll());
+//! let (_, respond) = assert_ready!(engine.poll_request()).expect("reaches the engine");
+//!
+//! // The second waits in the gate's queue: it never reaches the engine.
+//! assert_ready_ok!(service.poll_ready()); // the layer is always ready
+//! let mut second = task::spawn(service.call(Request::new(())));
+//! assert_pending!(second.poll());
+//! assert!(engine.poll_request().is_pending());
+//! let snapshot = gate.snapshot();
+//! assert_eq!(snapshot.total, Counts::new(1, 1, 1)); // engine requests, waiting, queued
+//! assert_eq!((snapshot.tally.received, snapshot.tally.admitted_direct), (2, 1));
+//!
+//! // The engine answers. The response head alone frees nothing...
+//! respond.send_response(Response::new(Full::new(Bytes::from_static(b"Hello"))));
+//! let response = assert_ready_ok!(first.poll());
+//! assert_pending!(second.poll());
+//! assert_eq!(gate.snapshot().total, Counts::new(1, 1, 1));
+//!
+//! // ...the end of its body does: the queued request is admitted.
+//! let mut body = task::spawn(response.into_body().collect());
+//! assert_eq!(assert_ready_ok!(body.poll()).to_bytes(), "Hello");
+//! assert!(second.is_woken());
+//! assert_pending!(second.poll()); // now waiting for the engine's answer
+//! assert_ready!(engine.poll_request()).expect("admitted from the queue");
+//! let snapshot = gate.snapshot();
+//! assert_eq!(snapshot.total, Counts::new(1, 1, 0));
+//! assert_eq!(snapshot.tally.admitted_queue, 1);
+//! ```
+//!
+//! [`Gate::snapshot`](crate::Gate::snapshot) is the thing to assert on: a
+//! [`Snapshot`](crate::Snapshot) has the [`Counts`](crate::Counts) of the
+//! whole worker (`total`), of the unranked requests (`unranked`) and of each
+//! rank (`ranks[r]`) — `engine_requests`, `engine_waiting`, `queued`, built
+//! for comparison with `Counts::new(engine_requests, engine_waiting,
+//! queued)` — and the [`Tally`](crate::Tally) of how requests ended
+//! (`tally`, `unranked_tally`, `rank_tallies[r]`): `received`,
+//! `admitted_direct`, `admitted_queue`, `rejected_rank`, `rejected_worker`,
+//! `cancelled`, and more for deadlines and displacement. `Tally::since`
+//! gives what happened between two snapshots; `Snapshot::is_idle` says
+//! nothing is held or queued and every request received has ended one way.
+//!
+//! An overload answer, with its headers and body as sent:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
+//! use tower_admission::{AdmissionConfig, AdmissionLayer, EngineCapacity, Gate, RankHeader};
+//! use tower_test::mock;
+//!
+//! // Two ranks of one request each, no queue.
+//! let config = AdmissionConfig::new().engine_request_limit(1).request_queue_limit(0);
+//! let gate = Gate::new(config.capacity(EngineCapacity::new(8, 2)));
+//! let layer = AdmissionLayer::new(gate.clone()).rank(RankHeader::default());
+//! let (mut service, mut engine) = mock::spawn_layer::<Request<()>, Response<Full<Bytes>>, _>(layer);
+//! let for_rank_1 = || Request::builder().header("x-data-parallel-rank", "1").body(()).unwrap();
+//!
+//! assert_ready_ok!(service.poll_ready());
+//! let mut first = task::spawn(service.call(for_rank_1()));
+//! assert_pending!(first.poll());
+//! assert_ready!(engine.poll_request()).expect("rank 1 had room");
+//!
+//! // Rank 1 is full; rank 0 still has room: a rank-scoped overload answer,
+//! // without reaching the engine.
+//! assert_ready_ok!(service.poll_ready());
+//! let response = assert_ready_ok!(task::spawn(service.call(for_rank_1())).poll());
+//! assert!(engine.poll_request().is_pending());
+//! assert_eq!(response.status(), 529);
+//! let headers = response.headers();
+//! assert_eq!(headers["x-admission-rejection-scope"], "rank");
+//! assert_eq!(headers["x-admission-rejection-reason"], "queue_full");
+//! assert_eq!(headers["x-admission-rank"], "1");
+//! assert!(!headers.contains_key("retry-after"));
+//! let body = assert_ready_ok!(task::spawn(response.into_body().collect()).poll()).to_bytes();
+//! assert_eq!(
+//!     body,
+//!     r#"{"error":{"message":"overloaded: data-parallel rank 1 has no room to admit or queue the request","type":"overloaded","param":null,"code":529,"scope":"rank","rank":1,"reason":"queue_full"}}"#
+//! );
+//! assert_eq!(gate.snapshot().tally.rejected_rank, 1);
+//! ```
 //!
 //! [`Gate`]: crate::Gate
 

@@ -159,36 +159,59 @@ fn scope_headers(headers: &mut HeaderMap, overloaded: &Overloaded) {
 }
 
 /// The body of an HTTP overload answer: the OpenAI error object (`message`,
-/// `type`, `param`, `code`), with the rejection's scope and rank as extra
-/// members.
-pub(crate) fn error_json(overloaded: &Overloaded, status: StatusCode) -> serde_json::Value {
-    let scope = overloaded.scope();
-    let rank = match scope {
-        RejectionScope::Rank(rank) => serde_json::Value::from(rank),
-        RejectionScope::Worker => serde_json::Value::Null,
-    };
-    serde_json::json!({
-        "error": {
-            "message": overloaded.to_string(),
-            "type": "overloaded",
-            "param": null,
-            "code": status.as_u16(),
-            "scope": scope.as_str(),
-            "rank": rank,
-            "reason": overloaded.reason().as_str(),
-        }
-    })
+/// `type`, `param`, `code`), with the rejection's `scope`, `rank` and
+/// `reason` as extra members, in that order. Serialised field by field, so
+/// the order is the documented one whatever features `serde_json` is built
+/// with (`preserve_order` or not).
+pub(crate) struct ErrorBody<'a> {
+    pub(crate) overloaded: &'a Overloaded,
+    pub(crate) status: StatusCode,
 }
 
-/// `{"error":{"message":…,"type":"overloaded","param":null,"code":529,"scope":"rank","rank":3}}`.
+impl serde::Serialize for ErrorBody<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut body = serializer.serialize_struct("ErrorBody", 1)?;
+        body.serialize_field("error", &ErrorObject(self))?;
+        body.end()
+    }
+}
+
+struct ErrorObject<'a>(&'a ErrorBody<'a>);
+
+impl serde::Serialize for ErrorObject<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let ErrorBody { overloaded, status } = self.0;
+        let scope = overloaded.scope();
+        let rank = match scope {
+            RejectionScope::Rank(rank) => Some(rank),
+            RejectionScope::Worker => None,
+        };
+        let mut error = serializer.serialize_struct("ErrorObject", 7)?;
+        error.serialize_field("message", &overloaded.to_string())?;
+        error.serialize_field("type", "overloaded")?;
+        error.serialize_field("param", &())?;
+        error.serialize_field("code", &status.as_u16())?;
+        error.serialize_field("scope", scope.as_str())?;
+        error.serialize_field("rank", &rank)?;
+        error.serialize_field("reason", overloaded.reason().as_str())?;
+        error.end()
+    }
+}
+
+/// `{"error":{"message":…,"type":"overloaded","param":null,"code":529,"scope":"rank","rank":3,"reason":"queue_full"}}`.
 fn http_answer(
     overloaded: Overloaded,
     status: StatusCode,
     retry_after: Option<u32>,
 ) -> Response<Bytes> {
     let scope = overloaded.scope();
-    let json = serde_json::to_vec(&error_json(&overloaded, status))
-        .expect("a JSON value always serialises");
+    let body = ErrorBody {
+        overloaded: &overloaded,
+        status,
+    };
+    let json = serde_json::to_vec(&body).expect("strings and numbers always serialise");
     let mut response = Response::new(Bytes::from(json));
     *response.status_mut() = status;
     let headers = response.headers_mut();
