@@ -794,3 +794,77 @@ fn overload_answers_are_read_from_the_head() {
     assert_eq!(answer.scope, RejectionScope::Rank(2));
     assert!(OverloadAnswer::read(&response(Answer::Ok)).is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_retry_after_is_waited_for_the_cap_only_and_never_panics() {
+    for retry_after in ["3600", "9300000000000000000", "999999999999999999", "1e300"] {
+        let upstream = Scripted::new(&[Answer::WorkerOverloaded(Some(retry_after)), Answer::Ok]);
+        let policy = OverloadRetry::new(budget(100, 0.1))
+            .backoff(Duration::from_millis(10), Duration::from_millis(20))
+            .max_retry_after(Duration::from_secs(2));
+        let mut service = retrying(upstream.clone(), policy);
+        let answer = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "Retry-After {retry_after}");
+        let gaps = gaps(&upstream.arrivals());
+        assert_eq!(gaps.len(), 1);
+        // At most the cap (plus the backoff's own 10-40 ms), never an hour.
+        assert!(
+            gaps[0] <= Duration::from_millis(2_050),
+            "Retry-After {retry_after}: waited {:?}",
+            gaps[0]
+        );
+    }
+    // The default cap is a few seconds.
+    assert_eq!(
+        tower_admission::route::DEFAULT_MAX_RETRY_AFTER,
+        Duration::from_secs(5)
+    );
+}
+
+#[test]
+fn a_deadline_past_what_the_clock_holds_does_not_panic() {
+    let far = Deadline::after(Duration::MAX);
+    assert!(far.0 > Instant::now() + Duration::from_secs(3600 * 24 * 365));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overload_the_engine_answered_is_not_resent_unless_idempotent() {
+    #[derive(Clone)]
+    struct EngineBusy(Arc<Mutex<usize>>);
+    impl Service<Request<Body>> for EngineBusy {
+        type Response = Response<Body>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+        fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            *self.0.lock().unwrap() += 1;
+            // The engine's own 503, passed on by the sidecar.
+            let response = Response::builder()
+                .status(503)
+                .header("x-admission-origin", "engine")
+                .body(Full::new(Bytes::from_static(b"busy")))
+                .unwrap();
+            std::future::ready(Ok(response))
+        }
+    }
+    for (method, sends) in [(http::Method::POST, 1), (http::Method::GET, 4)] {
+        let sent = Arc::new(Mutex::new(0));
+        let policy = OverloadRetry::new(budget(100, 0.1)).max_retries(3);
+        let mut service = retrying(EngineBusy(Arc::clone(&sent)), policy);
+        let mut request = request();
+        *request.method_mut() = method.clone();
+        let answer = service.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(answer.status(), 503);
+        assert_eq!(*sent.lock().unwrap(), sends, "{method}");
+        let read = OverloadAnswer::read(&answer).unwrap();
+        assert!(read.from_engine && !read.from_gate);
+    }
+}

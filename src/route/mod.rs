@@ -73,8 +73,8 @@ mod worker;
 
 pub use self::answer::OverloadAnswer;
 pub use self::retry::{
-    DEFAULT_MAX_BACKOFF, DEFAULT_MAX_RETRIES, DEFAULT_MIN_BACKOFF, Deadline, OverloadRetry,
-    ReplayBody, RetryDelay,
+    DEFAULT_MAX_BACKOFF, DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_AFTER, DEFAULT_MIN_BACKOFF,
+    Deadline, OverloadRetry, ReplayBody, RetryDelay,
 };
 pub use self::worker::{
     MAX_COOLDOWN, ResponseBody, ResponseFuture, Worker, WorkerHandle, WorkerLayer, WorkerStats,

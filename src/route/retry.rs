@@ -32,10 +32,21 @@ use super::worker::CooldownApplied;
 pub struct Deadline(pub Instant);
 
 impl Deadline {
-    /// The deadline `timeout` from now.
+    /// The deadline `timeout` from now; a timeout past what the clock can
+    /// count (`Duration::MAX`, say) is a deadline a century away.
     pub fn after(timeout: Duration) -> Deadline {
-        Deadline(Instant::now() + timeout)
+        Deadline(later(Instant::now(), timeout))
     }
+}
+
+/// `now + wait`, or a century from now when that is past what `Instant`
+/// can hold: a huge wait from a server's header or a setting must not
+/// panic.
+pub(crate) fn later(now: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(wait)
+        .or_else(|| now.checked_add(CENTURY))
+        .unwrap_or(now)
 }
 
 /// A request body that can be sent again. A body that cannot (a stream
@@ -117,6 +128,10 @@ pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Retries of one request, whatever the budget still allows.
 pub const DEFAULT_MAX_RETRIES: u32 = 3;
 
+/// The longest `Retry-After` (or `grpc-retry-pushback-ms`) a retry waits
+/// for: a server asking for an hour gets its retry after this long.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
+
 /// A retry policy for overload answers (`529`, `503`, any error status with
 /// the gate's scope header, gRPC `UNAVAILABLE` or any gRPC error but
 /// `DEADLINE_EXCEEDED` with the scope header; see
@@ -154,6 +169,7 @@ pub struct OverloadRetry<G = TpsBudget> {
     min_backoff: Duration,
     max_backoff: Duration,
     max_retries: u32,
+    max_retry_after: Duration,
     /// Sends of this request so far (the template's stays 0).
     sends: u32,
     /// This request's source of jitter, made at its first retry.
@@ -169,6 +185,7 @@ impl<G> Clone for OverloadRetry<G> {
             min_backoff: self.min_backoff,
             max_backoff: self.max_backoff,
             max_retries: self.max_retries,
+            max_retry_after: self.max_retry_after,
             sends: self.sends,
             rng: self.rng.clone(),
         }
@@ -193,6 +210,7 @@ impl<G: Budget> OverloadRetry<G> {
             min_backoff: DEFAULT_MIN_BACKOFF,
             max_backoff: DEFAULT_MAX_BACKOFF,
             max_retries: DEFAULT_MAX_RETRIES,
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             sends: 0,
             rng: None,
         }
@@ -223,6 +241,16 @@ impl<G: Budget> OverloadRetry<G> {
     pub fn max_retries(self, retries: u32) -> OverloadRetry<G> {
         OverloadRetry {
             max_retries: retries,
+            ..self
+        }
+    }
+
+    /// The longest `Retry-After` honoured; [`DEFAULT_MAX_RETRY_AFTER`] by
+    /// default. A longer one is waited for this long only, so a worker's
+    /// header (or a hostile one) cannot park a request for an hour.
+    pub fn max_retry_after(self, max: Duration) -> OverloadRetry<G> {
+        OverloadRetry {
+            max_retry_after: max,
             ..self
         }
     }
@@ -286,7 +314,8 @@ where
         let mut at = sleep.deadline();
         if response.extensions().get::<CooldownApplied>().is_none() {
             if let Some(retry_after) = answer.retry_after {
-                at = at.max(Instant::now() + retry_after);
+                let retry_after = retry_after.min(self.max_retry_after);
+                at = at.max(later(Instant::now(), retry_after));
             }
         }
         if let Some(Deadline(deadline)) = request.extensions().get::<Deadline>() {
