@@ -262,17 +262,50 @@ async fn events(response: reqwest::Response) -> Vec<String> {
         .collect()
 }
 
+/// One engine and a sidecar in front of it that has learned its capacity,
+/// for one test at a time; `None` when the engine is absent (skipped).
+struct Rig {
+    client: reqwest::Client,
+    engine: Engine,
+    sidecar: Sidecar,
+    _one: tokio::sync::MutexGuard<'static, ()>,
+}
+
+async fn rig(sidecar_args: &[&str]) -> Option<Rig> {
+    let one = ONE_AT_A_TIME.lock().await;
+    let client = client();
+    let engine = start_engine(&client).await?;
+    let sidecar = start_sidecar(&engine, sidecar_args);
+    capacity_learned(&client, &sidecar).await;
+    Some(Rig {
+        client,
+        engine,
+        sidecar,
+        _one: one,
+    })
+}
+
+/// Waits until the sidecar's gate holds no request.
+async fn gate_released(client: &reqwest::Client, sidecar: &Sidecar) {
+    eventually("the gate releases it", || async {
+        total(&scrape(client, &sidecar.url).await, "engine_request_count") == 0.0
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_capacity_is_learned_from_props() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let client = client();
-    let Some(engine) = start_engine(&client).await else {
+    let Some(Rig {
+        client,
+        engine: _engine,
+        sidecar,
+        _one,
+    }) = rig(&[]).await
+    else {
         return;
     };
-    let sidecar = start_sidecar(&engine, &[]);
-    capacity_learned(&client, &sidecar).await;
     let metrics = scrape(&client, &sidecar.url).await;
     let rank0 = [("dp_rank", "0")];
     let prefix = tower_admission::metrics::DEFAULT_PREFIX;
@@ -306,14 +339,16 @@ async fn the_capacity_is_learned_from_props() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_the_slots_streams_slots_plus_queue_and_the_rest_get_529_at_once() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let client = client();
-    let Some(engine) = start_engine(&client).await else {
+    let queue = 2;
+    let Some(Rig {
+        client,
+        engine,
+        sidecar,
+        _one,
+    }) = rig(&["--request-queue-limit", "2"]).await
+    else {
         return;
     };
-    let queue = 2;
-    let sidecar = start_sidecar(&engine, &["--request-queue-limit", "2"]);
-    capacity_learned(&client, &sidecar).await;
 
     // Long enough that the whole burst arrives while the first ones run.
     let burst = 10;
@@ -396,13 +431,15 @@ fn statuses(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_client_that_leaves_frees_its_slot_and_the_gate() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let client = client();
-    let Some(engine) = start_engine(&client).await else {
+    let Some(Rig {
+        client,
+        engine,
+        sidecar,
+        _one,
+    }) = rig(&[]).await
+    else {
         return;
     };
-    let sidecar = start_sidecar(&engine, &[]);
-    capacity_learned(&client, &sidecar).await;
 
     let response = post_chat(&client, &sidecar.url, LONG, true).await;
     assert_eq!(response.status(), 200);
@@ -433,21 +470,20 @@ async fn a_streaming_client_that_leaves_frees_its_slot_and_the_gate() {
         "{:?}",
         left.elapsed()
     );
-    eventually("the gate releases it", || async {
-        total(&scrape(&client, &sidecar.url).await, "engine_request_count") == 0.0
-    })
-    .await;
+    gate_released(&client, &sidecar).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_client_that_leaves_never_reaches_the_engine() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let client = client();
-    let Some(engine) = start_engine(&client).await else {
+    let Some(Rig {
+        client,
+        engine,
+        sidecar,
+        _one,
+    }) = rig(&[]).await
+    else {
         return;
     };
-    let sidecar = start_sidecar(&engine, &[]);
-    capacity_learned(&client, &sidecar).await;
 
     // Both slots busy with long streams.
     let mut running = Vec::new();
@@ -498,13 +534,15 @@ async fn a_queued_client_that_leaves_never_reaches_the_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_streaming_client_that_leaves_is_cancelled_upstream_at_once() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let client = client();
-    let Some(engine) = start_engine(&client).await else {
+    let Some(Rig {
+        client,
+        engine,
+        sidecar,
+        _one,
+    }) = rig(&[]).await
+    else {
         return;
     };
-    let sidecar = start_sidecar(&engine, &[]);
-    capacity_learned(&client, &sidecar).await;
 
     // A client that sends its request and hangs up before the answer:
     // over a plain socket, so that leaving means closing the connection.
@@ -544,19 +582,11 @@ async fn a_non_streaming_client_that_leaves_is_cancelled_upstream_at_once() {
         "{:?}",
         left.elapsed()
     );
-    eventually("the gate releases it", || async {
-        total(&scrape(&client, &sidecar.url).await, "engine_request_count") == 0.0
-    })
-    .await;
+    gate_released(&client, &sidecar).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_streams_through_the_sidecar() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let client = client();
-    let Some(engine) = start_engine(&client).await else {
-        return;
-    };
     let python = Command::new("python3")
         .args(["-c", "import openai"])
         .stdin(Stdio::null())
@@ -569,8 +599,15 @@ async fn the_official_openai_client_streams_through_the_sidecar() {
         eprintln!("skipped: {reason}");
         return;
     }
-    let sidecar = start_sidecar(&engine, &["--request-queue-limit", "0"]);
-    capacity_learned(&client, &sidecar).await;
+    let Some(Rig {
+        sidecar,
+        engine: _engine,
+        _one,
+        ..
+    }) = rig(&["--request-queue-limit", "0"]).await
+    else {
+        return;
+    };
     let base = format!("{}/v1", sidecar.url);
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -68,6 +68,7 @@
 //! clients and Kubernetes probes.
 
 mod answer;
+mod clock;
 mod retry;
 mod worker;
 

@@ -22,6 +22,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::rng::{HasherRng, Rng};
 
 use super::answer::{OverloadAnswer, parse_grpc_timeout};
+use super::clock::later;
 use super::worker::CooldownApplied;
 
 /// The end-to-end deadline of a request, as a request extension: no retry
@@ -37,16 +38,6 @@ impl Deadline {
     pub fn after(timeout: Duration) -> Deadline {
         Deadline(later(Instant::now(), timeout))
     }
-}
-
-/// `now + wait`, or a century from now when that is past what `Instant`
-/// can hold: a huge wait from a server's header or a setting must not
-/// panic.
-pub(crate) fn later(now: Instant, wait: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    now.checked_add(wait)
-        .or_else(|| now.checked_add(CENTURY))
-        .unwrap_or(now)
 }
 
 /// A request body that can be sent again. A body that cannot (a stream

@@ -427,7 +427,7 @@ impl Shared {
             .retry_after
             .unwrap_or(self.max_cooldown)
             .min(self.max_cooldown);
-        let until = super::retry::later(Instant::now(), hold);
+        let until = super::clock::later(Instant::now(), hold);
         match answer.scope {
             RejectionScope::Worker => {
                 self.worker_rejections.fetch_add(1, Ordering::Relaxed);
