@@ -1,5 +1,5 @@
-"""Helpers of benches/aiperf/run.sh (see there): an offline tokenizer for
-aiperf, and one summary table of several aiperf runs.
+"""Helpers of benches/aiperf/run.sh and engine.sh (see there): an offline
+tokenizer for aiperf, and summary tables of several aiperf runs.
 
     python3 aiperf_eval.py tokenizer DIR
         Trains a small byte-level BPE tokenizer with the `tokenizers`
@@ -10,6 +10,22 @@ aiperf, and one summary table of several aiperf runs.
         Reads each run's profile_export_aiperf.json and prints one Markdown
         table: requests, errors (overload answers), goodput, TTFT and
         inter-token latency percentiles.
+
+    python3 aiperf_eval.py engine-summary CAPACITY TTFT_MS ITL_MS
+            LABEL|OFFERED|ARTIFACT_DIR... -- DIRECT_DIR,SIDECAR_DIR...
+        engine.sh's table: per run the offered load, errors by HTTP status
+        (or exception type), throughput, goodput and goodput as a fraction
+        of CAPACITY, TTFT and inter-token latency percentiles, the largest
+        engine queue polled (ARTIFACT_DIR.deferred, one number a line);
+        then, per pair of runs after `--` (direct, then through the
+        sidecar, at the same load), the sidecar's p50 TTFT difference and
+        throughput ratio.
+
+    python3 aiperf_eval.py ttft-probe DIRECT_URL SIDECAR_URL N OSL
+        One request at a time, alternating direct and through the sidecar,
+        N of each (streaming chat, max_tokens OSL, a new connection each):
+        median and p90 time to the first content chunk of each, and the
+        median of the paired differences. Standard library only.
 """
 
 import json
@@ -123,11 +139,187 @@ def summary(ttft_ms, tpot_ms, runs):
         )
 
 
+def load_export(directory):
+    paths = sorted(Path(directory).rglob("profile_export_aiperf.json"))
+    return json.loads(paths[-1].read_text()) if paths else None
+
+
+def error_counts(data):
+    """Errors by HTTP status (or exception type when there is none)."""
+    counts = {}
+    for entry in data.get("error_summary") or []:
+        details = entry.get("error_details") or {}
+        key = str(details.get("code") or details.get("type") or "other")
+        counts[key] = counts.get(key, 0) + int(entry.get("count") or 0)
+    return counts
+
+
+def ms(value):
+    if value is None:
+        return "-"
+    if value >= 1000:
+        return f"{value / 1000:.2f} s"
+    if value >= 100:
+        return f"{value:.0f} ms"
+    return f"{value:.1f} ms"
+
+
+def engine_summary(capacity, ttft_ms, itl_ms, runs, pairs):
+    capacity = float(capacity)
+    print(
+        f"goodput: requests with TTFT <= {ttft_ms} ms and inter-token latency <= {itl_ms} ms "
+        "(aiperf --goodput) per second; errors by status: 529 is the sidecar's overload "
+        "answer (an error for aiperf); TTFT and ITL percentiles are over successful requests"
+    )
+    print()
+    print(
+        "| configuration | offered | requests | ok | errors | throughput req/s "
+        "| goodput req/s | goodput / capacity | p50 TTFT | p99 TTFT | p50 ITL | p99 ITL "
+        "| engine queue |"
+    )
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for run in runs:
+        label, offered, directory = run.split("|", 2)
+        data = load_export(directory)
+        if data is None:
+            print(f"| {label} | {offered} | no aiperf export found | | | | | | | | | | |")
+            continue
+        ok = metric(data, "request_count", "avg") or 0
+        errors = metric(data, "error_request_count", "avg") or 0
+        by_status = error_counts(data)
+        error_text = f"{errors:.0f}"
+        if by_status:
+            error_text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(by_status.items())) + ")"
+        goodput = metric(data, "goodput", "avg")
+        polled = Path(directory + ".deferred")
+        deferred = "-"
+        if polled.exists():
+            values = [int(v) for v in polled.read_text().split() if v.isdigit()]
+            deferred = str(max(values)) if values else "-"
+        print(
+            "| {} | {} | {:.0f} | {:.0f} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+                label,
+                offered,
+                ok + errors,
+                ok,
+                error_text,
+                fmt2(metric(data, "request_throughput", "avg")),
+                fmt2(goodput),
+                "-" if goodput is None else f"{goodput / capacity:.2f}",
+                ms(metric(data, "time_to_first_token", "p50")),
+                ms(metric(data, "time_to_first_token", "p99")),
+                ms(metric(data, "inter_token_latency", "p50")),
+                ms(metric(data, "inter_token_latency", "p99")),
+                deferred,
+            )
+        )
+    if not pairs:
+        return
+    print()
+    print("overhead of the sidecar (same load, direct then through the sidecar):")
+    print()
+    print(
+        "| pair | p50 TTFT direct | p50 TTFT sidecar | difference "
+        "| req/s direct | req/s sidecar | ratio | tokens/s direct | tokens/s sidecar | ratio |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    diffs, ratios, token_ratios = [], [], []
+    for i, pair in enumerate(pairs, 1):
+        direct, _, sidecar = pair.partition(",")
+        a, b = load_export(direct), load_export(sidecar)
+        if a is None or b is None:
+            print(f"| {i} | no aiperf export found | | | | | | | | |")
+            continue
+        ta, tb = metric(a, "time_to_first_token", "p50"), metric(b, "time_to_first_token", "p50")
+        ra, rb = metric(a, "request_throughput", "avg"), metric(b, "request_throughput", "avg")
+        oa, ob = metric(a, "output_token_throughput", "avg"), metric(b, "output_token_throughput", "avg")
+        diffs.append(tb - ta)
+        ratios.append(rb / ra)
+        token_ratios.append(ob / oa)
+        print(
+            f"| {i} | {ta:.2f} ms | {tb:.2f} ms | {tb - ta:+.2f} ms | {ra:.2f} | {rb:.2f} "
+            f"| {rb / ra:.3f} | {oa:.0f} | {ob:.0f} | {ob / oa:.3f} |"
+        )
+    if len(diffs) > 1:
+        n = len(diffs)
+        print(
+            f"| mean | | | {sum(diffs) / n:+.2f} ms | | | {sum(ratios) / n:.3f} | | "
+            f"| {sum(token_ratios) / n:.3f} |"
+        )
+
+
+def fmt2(value):
+    return "-" if value is None else f"{value:.2f}"
+
+
+def first_content_ms(url, osl):
+    """Milliseconds from connecting to the first content chunk of one
+    streaming chat completion; the rest of the stream is read and dropped."""
+    import http.client
+    import time
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "Tell me about admission control."}],
+            "stream": True,
+            "max_tokens": int(osl),
+        }
+    )
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first = None
+    for line in resp:
+        if first is None and line.startswith(b"data: {") and b'"content":"' in line:
+            first = (time.perf_counter() - start) * 1000
+    conn.close()
+    if resp.status != 200 or first is None:
+        raise RuntimeError(f"{url}: status {resp.status}, no content chunk")
+    return first
+
+
+def ttft_probe(direct_url, sidecar_url, n, osl):
+    from statistics import median, quantiles
+
+    direct, sidecar, errors = [], [], {"direct": 0, "sidecar": 0}
+    for _ in range(int(n)):
+        for name, url, out in (("direct", direct_url, direct), ("sidecar", sidecar_url, sidecar)):
+            try:
+                out.append(first_content_ms(url, osl))
+            except Exception:  # counted, not fatal: the figure says how many failed
+                errors[name] += 1
+    pairs = [b - a for a, b in zip(direct, sidecar)]
+    print(
+        f"sequential probe, {n} requests each, alternating, max_tokens {osl}, "
+        "a new connection per request: time to the first content chunk"
+    )
+    for name, values in (("direct", direct), ("sidecar", sidecar)):
+        if len(values) >= 2:
+            print(
+                f"  {name}: median {median(values):.2f} ms, p90 {quantiles(values, n=10)[-1]:.2f} ms, "
+                f"failed {errors[name]}"
+            )
+    if pairs:
+        print(
+            f"  sidecar - direct: median of paired differences {median(pairs):+.2f} ms, "
+            f"difference of medians {median(sidecar) - median(direct):+.2f} ms"
+        )
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "tokenizer":
         tokenizer(argv[1])
     elif len(argv) >= 4 and argv[0] == "summary":
         summary(argv[1], argv[2], argv[3:])
+    elif len(argv) == 5 and argv[0] == "ttft-probe":
+        ttft_probe(*argv[1:])
+    elif len(argv) >= 4 and argv[0] == "engine-summary":
+        rest = argv[4:]
+        runs, pairs = (rest[: rest.index("--")], rest[rest.index("--") + 1 :]) if "--" in rest else (rest, [])
+        engine_summary(argv[1], argv[2], argv[3], runs, pairs)
     else:
         sys.exit(__doc__)
 
