@@ -284,7 +284,12 @@ impl Service<Request<Body>> for Upstream {
             let result = match timeout {
                 Some(limit) => match tokio::time::timeout(limit, sent).await {
                     Ok(result) => result,
-                    Err(_) => return Ok(timed_out(limit)),
+                    Err(_) => {
+                        tracing::warn!(
+                            "the engine sent no response head within {limit:?}: answered 504"
+                        );
+                        return Ok(timed_out(limit));
+                    }
                 },
                 None => sent.await,
             };
@@ -294,7 +299,13 @@ impl Service<Request<Body>> for Upstream {
                     if error.is_connect() {
                         unreachable.notify_one();
                     }
-                    Ok(failed(&error))
+                    let answer = failed(&error);
+                    tracing::warn!(
+                        "forwarding to the engine failed, answered {}: {}",
+                        answer.status().as_u16(),
+                        chain(&error)
+                    );
+                    Ok(answer)
                 }
             }
         })
