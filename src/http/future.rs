@@ -14,9 +14,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
+use super::admitted::admit;
 use super::first_token::Held;
-use super::reject::OverloadAnswer;
-use super::service::admit;
+use super::reject::OverloadResponder;
 use crate::Acquire;
 use crate::detect::{Auto, FirstTokenDetector};
 
@@ -79,7 +79,7 @@ pub(crate) struct Deferred<S, ReqBody, D> {
     pub(crate) service: S,
     pub(crate) request: Request<ReqBody>,
     pub(crate) detector: D,
-    pub(crate) answer: OverloadAnswer,
+    pub(crate) answer: OverloadResponder,
 }
 
 impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
