@@ -21,7 +21,7 @@ use std::time::Instant;
 use slab::Slab;
 
 use super::queue::Queue;
-use super::{Entry, Grant, Slot, State, Status, Ticket};
+use super::{Entry, Grant, Slot, State, Status};
 use crate::gate::types::{BandTally, Counts, Tally};
 
 /// Which capacity a request is counted in.
@@ -29,6 +29,21 @@ use crate::gate::types::{BandTally, Counts, Tally};
 pub(super) enum BucketKey {
     Unranked,
     Rank(u32),
+}
+
+impl BucketKey {
+    /// The key of a known rank's bucket (`None`: the unranked one).
+    pub(super) fn of(rank: Option<u32>) -> BucketKey {
+        rank.map_or(BucketKey::Unranked, BucketKey::Rank)
+    }
+
+    /// The rank it names, `None` for the unranked bucket.
+    pub(super) fn rank(self) -> Option<u32> {
+        match self {
+            BucketKey::Unranked => None,
+            BucketKey::Rank(rank) => Some(rank),
+        }
+    }
 }
 
 /// Where a grant's capacity is counted. The generation tells a grant made on
@@ -58,21 +73,15 @@ pub(super) struct Bucket {
 }
 
 impl<T> State<T> {
-    /// The rank a live ticket's request is counted under (`None` when
-    /// unranked, or once its rank vanished).
-    pub(super) fn ticket_rank(&self, ticket: Ticket) -> Option<u32> {
-        self.label(self.held_bucket_of(ticket.slot))
-    }
-
     /// The rank a grant's capacity is counted under now (`None` once its
     /// rank vanished, or when unranked).
     pub(crate) fn grant_rank(&self, grant: &Grant) -> Option<u32> {
-        self.label(self.current_bucket(grant.held))
+        self.current_bucket(grant.held).rank()
     }
 
     /// The rank requests for `rank` are counted under right now.
     pub(crate) fn recognised(&self, rank: Option<u32>) -> Option<u32> {
-        self.label(self.recognise(rank))
+        self.recognise(rank).rank()
     }
 
     /// Every rank ever recognised, vanished ones included (they keep their
@@ -87,13 +96,6 @@ impl<T> State<T> {
             self.active_ranks
         } else {
             0
-        }
-    }
-
-    pub(super) fn label(&self, key: BucketKey) -> Option<u32> {
-        match key {
-            BucketKey::Unranked => None,
-            BucketKey::Rank(rank) => Some(rank),
         }
     }
 
@@ -159,11 +161,6 @@ impl<T> State<T> {
             }
             _ => BucketKey::Unranked,
         }
-    }
-
-    pub(super) fn bucket_of_held_mut(&mut self, held: Held) -> &mut Bucket {
-        let key = self.current_bucket(held);
-        self.bucket_mut(key)
     }
 
     /// A bucket's queue and the entries it links, to change both.

@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use super::State;
-use super::buckets::BucketKey;
+use super::buckets::Bucket;
 
 /// A moving average that weighs the latest sample by a fifth.
 pub(super) fn moving_average(average: Option<f64>, sample: f64) -> f64 {
@@ -69,20 +69,26 @@ impl<T> State<T> {
         }
         budget
     }
+}
 
-    /// How long a request joining `bucket`'s queue at `rung` now would
+impl Bucket {
+    /// How long a request joining this bucket's queue at `rung` now would
     /// wait: the requests ahead of it (those of its band and higher ones;
     /// lower bands wait behind it) and itself, at the rate the queue has
     /// drained. `None` before a rate has been measured.
-    pub(super) fn predicted_wait(&self, bucket: BucketKey, rung: i64) -> Option<Duration> {
-        let bucket = self.bucket(bucket);
-        let interval = bucket.drain_interval?;
-        let ahead = bucket.queue.at_or_above(rung) as f64;
+    pub(super) fn predicted_wait(&self, rung: i64) -> Option<Duration> {
+        let interval = self.drain_interval?;
+        let ahead = self.queue.at_or_above(rung) as f64;
         Some(Duration::from_secs_f64((ahead + 1.0) * interval))
     }
 
-    /// Whether waiting requests' bands rise with time.
-    pub(super) fn ladder_ages(&self) -> bool {
-        self.ladder.ages()
+    /// A request was admitted from the queue at `now`: the interval since
+    /// the last mark is a sample of the drain rate, and `now` the next mark.
+    pub(super) fn drained_at(&mut self, now: Instant) {
+        if let Some(mark) = self.drain_mark {
+            let interval = now.saturating_duration_since(mark).as_secs_f64();
+            self.drain_interval = Some(moving_average(self.drain_interval, interval));
+        }
+        self.drain_mark = Some(now);
     }
 }

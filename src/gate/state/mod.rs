@@ -67,7 +67,6 @@ mod view;
 
 pub(crate) use self::accounting::Demand;
 use self::buckets::{Bucket, BucketKey, Held};
-use self::budget::moving_average;
 
 /// Identifies a queued request while it waits: its slot in the entry slab
 /// and its arrival number. The arrival number is the slot's generation: a
@@ -328,7 +327,8 @@ impl<T> State<T> {
         let budget = self.budget(deadline);
         if let Some((budget, client)) = budget {
             if self
-                .predicted_wait(bucket, rung)
+                .bucket(bucket)
+                .predicted_wait(rung)
                 .is_some_and(|wait| wait > budget)
             {
                 return Arrival::Rejected(self.reject(
@@ -346,7 +346,7 @@ impl<T> State<T> {
         let expires_at = budget.and_then(|(budget, _)| self.now?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
         let ticket = self.enqueue(bucket, demand, client, class, rung, payload);
-        if displaced || self.ladder_ages() {
+        if displaced || self.ladder.ages() {
             // A displaced head uncovers the next, and aging reorders heads.
             self.dequeue();
         }
@@ -407,7 +407,7 @@ impl<T> State<T> {
         let overloaded = self.reject(bucket, rung, RejectionReason::Deadline, client);
         // A head that leaves uncovers the next, which may fit.
         self.dequeue();
-        Expiry::Rejected(overloaded, self.label(bucket))
+        Expiry::Rejected(overloaded, bucket.rank())
     }
 
     /// The waiter of `ticket` looks at its request. An offered admission is
@@ -444,7 +444,9 @@ impl<T> State<T> {
         if self.live(ticket).is_none() {
             return Err(());
         }
-        let rank = self.ticket_rank(ticket);
+        // The rank a live ticket's request is counted under (`None` when
+        // unranked, or once its rank vanished).
+        let rank = self.held_bucket_of(ticket.slot).rank();
         if matches!(self.entries[ticket.slot].status, Status::Queued) {
             let bucket = self.entries[ticket.slot].bucket;
             let (queue, entries) = self.queue_and_entries(bucket);
@@ -460,7 +462,8 @@ impl<T> State<T> {
                 self.dequeue();
             }
             Status::Offered(mut grant) => {
-                self.bucket_of_held_mut(grant.held).tally.cancelled += 1;
+                let key = self.current_bucket(grant.held);
+                self.bucket_mut(key).tally.cancelled += 1;
                 self.release(&mut grant, true);
             }
             // Already counted as rejected; the waiter gave up before
@@ -527,7 +530,7 @@ impl<T> State<T> {
         for slot in offered.drain(..) {
             // An offered entry stays in the slab until polled or cancelled,
             // and neither can happen before the driver drains.
-            let rank = self.label(self.held_bucket_of(slot));
+            let rank = self.held_bucket_of(slot).rank();
             visit(rank, &mut self.entries[slot].payload);
         }
         // A capacity jump can offer a whole queue at once; don't keep that
@@ -635,12 +638,7 @@ impl<T> State<T> {
         let demand = self.entries[slot].demand;
         self.unqueue(key, demand);
         if let Some(now) = self.now.filter(|_| self.timed) {
-            let bucket = self.bucket_mut(key);
-            if let Some(mark) = bucket.drain_mark {
-                let interval = now.saturating_duration_since(mark).as_secs_f64();
-                bucket.drain_interval = Some(moving_average(bucket.drain_interval, interval));
-            }
-            bucket.drain_mark = Some(now);
+            self.bucket_mut(key).drained_at(now);
         }
         let grant = self.charge(key, demand, AdmitSource::Queue);
         self.entries[slot].status = Status::Offered(grant);

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use super::State;
-use super::buckets::Bucket;
+use super::buckets::{Bucket, BucketKey};
 use crate::config::{EngineCapacity, Limits};
 use crate::gate::observe::{BandView, BucketView};
 use crate::gate::types::{Counts, Tally};
@@ -25,44 +25,14 @@ impl<T> State<T> {
     /// [`oldest_queued`](Self::oldest_queued) once it has left its lock.
     #[inline]
     pub(crate) fn view(&self, rank: Option<u32>) -> BucketView {
-        let bucket = match rank {
-            Some(rank) => &self.ranks[rank as usize],
-            None => &self.unranked,
-        };
+        let bucket = self.bucket(BucketKey::of(rank));
         BucketView {
             rank,
             counts: bucket.counts,
             tally: bucket.tally,
-            bands: self.band_views(bucket),
+            bands: bucket.band_views(self.ladder.configured_bands()),
             oldest_wait: None,
         }
-    }
-
-    /// Each configured band of `bucket`, lowest first: its queued requests
-    /// and its tally. `None` without configured bands.
-    #[inline]
-    pub(super) fn band_views(&self, bucket: &Bucket) -> Option<Box<[BandView]>> {
-        let configured = self.ladder.configured_bands();
-        if configured == 0 {
-            return None;
-        }
-        Some(self.configured_band_views(bucket, configured))
-    }
-
-    pub(super) fn configured_band_views(
-        &self,
-        bucket: &Bucket,
-        configured: usize,
-    ) -> Box<[BandView]> {
-        let mut bands = vec![BandView::default(); configured];
-        for (band, tally) in bands.iter_mut().zip(&bucket.bands) {
-            band.tally = *tally;
-        }
-        // With bands configured, a rung is the index of its band.
-        for (rung, queued) in bucket.queue.band_lengths() {
-            bands[rung as usize].queued = queued;
-        }
-        bands.into_boxed_slice()
     }
 
     /// The request that has waited longest in the queue of a recognised
@@ -71,10 +41,7 @@ impl<T> State<T> {
     /// a driver that does not keep time may have noted its arrival).
     #[inline]
     pub(crate) fn oldest_queued(&self, rank: Option<u32>) -> Option<(Option<Instant>, &T)> {
-        let bucket = match rank {
-            Some(rank) => &self.ranks[rank as usize],
-            None => &self.unranked,
-        };
+        let bucket = self.bucket(BucketKey::of(rank));
         if bucket.queue.is_empty() {
             return None;
         }
@@ -131,5 +98,25 @@ impl<T> State<T> {
     #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
         self.entries.len()
+    }
+}
+
+impl Bucket {
+    /// Each of the `configured` bands, lowest first: its queued requests
+    /// and its tally. `None` without configured bands.
+    #[inline]
+    fn band_views(&self, configured: usize) -> Option<Box<[BandView]>> {
+        if configured == 0 {
+            return None;
+        }
+        let mut bands = vec![BandView::default(); configured];
+        for (band, tally) in bands.iter_mut().zip(&self.bands) {
+            band.tally = *tally;
+        }
+        // With bands configured, a rung is the index of its band.
+        for (rung, queued) in self.queue.band_lengths() {
+            bands[rung as usize].queued = queued;
+        }
+        Some(bands.into_boxed_slice())
     }
 }
