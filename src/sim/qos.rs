@@ -40,7 +40,8 @@ use tokio::time::Instant;
 
 use super::config::EngineConfig;
 use super::engine::{Request, SimEngine};
-use super::sweep::{self, Percentile, Slo, SweepConfig, lock};
+use super::measure::{self, Percentile, Slo, lock};
+use super::sweep::{self, SweepConfig};
 use super::time::{self, VirtualRuntime};
 use super::workload::{Lengths, Workload};
 use crate::{AdmissionConfig, Descriptor, Gate, Permit, RejectionReason, Tenant};
@@ -767,7 +768,7 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
                     }
                     None
                 };
-                let descriptor = descriptor.with_cost(sweep::descriptor_of(request).cost);
+                let descriptor = descriptor.with_cost(measure::descriptor_of(request).cost);
                 time::spawn(client(
                     engine.clone(),
                     gate.clone(),
@@ -822,7 +823,7 @@ async fn client(
     };
     let mut permit: Option<Permit> = None;
     if let Some(gate) = &gate {
-        match sweep::acquire(gate, descriptor).await {
+        match measure::acquire(gate, descriptor).await {
             Ok(admitted) => permit = Some(admitted),
             Err(overloaded) => {
                 note(&|outcome, now| outcome.rejected = Some((now, overloaded.reason())));
