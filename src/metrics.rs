@@ -266,7 +266,7 @@ impl TokenMetrics {
         }
     }
 
-    fn set_counts(&self, counts: &crate::Counts) {
+    fn set_counts(&self, counts: &crate::gate::Counts) {
         self.engine_tokens.set(counts.engine_tokens as f64);
         self.engine_waiting_tokens
             .set(counts.engine_waiting_tokens as f64);

@@ -4,7 +4,7 @@
 use http::Request;
 
 use super::first_token::Held;
-use crate::{AdmitSource, Permit};
+use crate::gate::{AdmitSource, Permit};
 
 /// What the gate decided for a request, inserted into the request's
 /// extensions before the inner service sees it: the rank the request is

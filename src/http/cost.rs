@@ -40,7 +40,7 @@ use serde_json::Value;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::Cost;
+use crate::gate::Cost;
 use crate::headers::single_value;
 
 /// Reads the cost of a request, if it can tell.

@@ -17,8 +17,8 @@ use super::ResponseBody;
 use super::admitted::admit;
 use super::first_token::Held;
 use super::reject::OverloadResponder;
-use crate::Acquire;
 use crate::detect::{Auto, FirstTokenDetector};
+use crate::gate::Acquire;
 
 pin_project! {
     /// Response future of [`Admission`](super::Admission).

@@ -13,7 +13,7 @@ use super::qos::QosHeaders;
 use super::reject::OverloadResponder;
 use super::{Admission, NoRank};
 use crate::detect::{Auto, FirstTokenDetector};
-use crate::{Gate, Overloaded};
+use crate::gate::{Gate, Overloaded};
 
 /// Applies [`Admission`] to a service: admission control through one
 /// shared [`Gate`].

@@ -47,7 +47,7 @@ use http::{HeaderName, HeaderValue, Request};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::Tenant;
+use crate::gate::Tenant;
 use crate::headers::single_value;
 
 /// A request extension holding the request's priority (SPEC §8): higher is

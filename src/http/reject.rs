@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, request};
 
-use crate::{Overloaded, RejectionScope};
+use crate::gate::{Overloaded, RejectionScope};
 
 /// Response header naming the rejection scope: `rank` or `worker`.
 pub const REJECTION_SCOPE: HeaderName = HeaderName::from_static("x-admission-rejection-scope");

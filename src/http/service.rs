@@ -17,7 +17,7 @@ use super::qos::{QosHeaders, qos_of, set_qos};
 use super::reject::OverloadResponder;
 use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
 use crate::detect::{Auto, FirstTokenDetector};
-use crate::{Cost, Descriptor, Gate};
+use crate::gate::{Cost, Descriptor, Gate};
 
 /// Admission control for an HTTP or gRPC service: each request is admitted,
 /// queued, or answered with an overload response before it reaches the
