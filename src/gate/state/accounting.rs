@@ -159,7 +159,7 @@ impl<T> State<T> {
                 generation,
             },
             demand,
-            admitted_at: if self.timed { self.now } else { None },
+            admitted_at: self.event_time(),
             rank,
             source,
             holds_request: true,

@@ -2,7 +2,9 @@
 //!
 //! The state never reads a clock: the driver tells it the time of the
 //! event it is about to apply ([`State::advance`]), and only when the gate
-//! keeps time (deadlines or aging are on: `timed`).
+//! keeps time (deadlines or aging are on: `timed`). Every part of the
+//! state that records a time reads it through [`State::event_time`], which
+//! is `None` for a gate that keeps no time.
 //!
 //! # Invariants
 //!

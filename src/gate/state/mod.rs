@@ -568,7 +568,7 @@ impl<T> State<T> {
         self.next_seq += 1;
         if self.bucket(key).queue.is_empty() && self.timed {
             // The queue starts to drain now, not at its last admission.
-            self.bucket_mut(key).drain_mark = self.now;
+            self.bucket_mut(key).drain_mark = self.event_time();
         }
         let weight = class
             .tenant
@@ -576,7 +576,7 @@ impl<T> State<T> {
             .unwrap_or(1);
         // Fair shares are by tokens when the cost is known, else by requests.
         let service = demand.engine_tokens.max(1) as u64;
-        let queued_at = if self.timed { self.now } else { None };
+        let queued_at = self.event_time();
         let node = Node::new(seq, rung, class.tenant, service, weight, queued_at);
         let slot = self.entries.insert(Entry {
             node,
@@ -637,7 +637,7 @@ impl<T> State<T> {
         queue.remove(entries, slot, true);
         let demand = self.entries[slot].demand;
         self.unqueue(key, demand);
-        if let Some(now) = self.now.filter(|_| self.timed) {
+        if let Some(now) = self.event_time() {
             self.bucket_mut(key).drained_at(now);
         }
         let grant = self.charge(key, demand, AdmitSource::Queue);
