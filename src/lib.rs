@@ -67,6 +67,8 @@ mod config;
 pub mod detect;
 mod gate;
 #[cfg(feature = "http")]
+mod headers;
+#[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

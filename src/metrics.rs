@@ -157,182 +157,89 @@ const NO_LIMITS: Limits = Limits {
     request_queue_token_limit: Some(0),
 };
 
-/// The full names of the metric families.
-struct Names {
-    engine_request_count: String,
-    engine_request_waiting_count: String,
-    request_queue_count: String,
-    request_receive_total: String,
-    request_admit_total: String,
-    rejection_total: String,
-    cancellation_total: String,
-    engine_request_limit: String,
-    engine_request_waiting_limit: String,
-    request_queue_limit: String,
-    engine_token_count: String,
-    engine_waiting_token_count: String,
-    request_queue_token_count: String,
-    engine_token_limit: String,
-    engine_waiting_token_limit: String,
-    request_queue_token_limit: String,
-    request_queue_wait_seconds: String,
-    engine_request_waiting_seconds: String,
-    request_queue_oldest_age_seconds: String,
-    request_queue_by_priority_count: String,
-    request_admit_by_priority_total: String,
-    rejection_by_priority_total: String,
+/// Which families are described: always, with a token limit set, or
+/// with priority bands configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Base,
+    Tokens,
+    Priorities,
+}
+
+/// Declares every metric family once: the group it is described with,
+/// its kind, its name (the field of [`Names`] and the suffix after the
+/// prefix), its unit and its help text.
+macro_rules! families {
+    ($($group:ident $kind:ident $name:ident: $unit:ident, $help:literal;)*) => {
+        /// The full names of the metric families.
+        struct Names {
+            $($name: String,)*
+        }
+
+        impl Names {
+            fn new(prefix: &str) -> Self {
+                Names {
+                    $($name: format!("{prefix}_{}", stringify!($name)),)*
+                }
+            }
+
+            /// Describes the families of `group` to the recorder.
+            fn describe_group(&self, group: Group) {
+                $(
+                    if group == Group::$group {
+                        families!(@describe $kind, self.$name.clone(), Unit::$unit, $help);
+                    }
+                )*
+            }
+        }
+    };
+    (@describe gauge, $name:expr, $unit:expr, $help:literal) => {
+        metrics::describe_gauge!($name, $unit, $help)
+    };
+    (@describe counter, $name:expr, $unit:expr, $help:literal) => {
+        metrics::describe_counter!($name, $unit, $help)
+    };
+    (@describe histogram, $name:expr, $unit:expr, $help:literal) => {
+        metrics::describe_histogram!($name, $unit, $help)
+    };
+}
+
+families! {
+    Base gauge engine_request_count: Count, "Admitted requests whose response has not ended.";
+    Base gauge engine_request_waiting_count: Count, "Admitted requests without a first generated token or completion yet.";
+    Base gauge request_queue_count: Count, "Requests waiting in the gate's queue, outside the engine.";
+    Base counter request_receive_total: Count, "Requests received by the gate.";
+    Base counter request_admit_total: Count, "Requests admitted to the engine, on arrival (source=direct) or from the queue (source=queue).";
+    Base counter rejection_total: Count, "Requests rejected as overload, naming their rank (scope=rank) or the whole worker (scope=worker); with deadlines or priority bands on, why (reason=queue_full|deadline|displaced).";
+    Base counter cancellation_total: Count, "Requests cancelled while waiting in the gate's queue.";
+    Base gauge engine_request_limit: Count, "Engine request limit per rank (combined capacity for dp_rank=unspecified).";
+    Base gauge engine_request_waiting_limit: Count, "Engine request waiting limit per rank (combined capacity for dp_rank=unspecified).";
+    Base gauge request_queue_limit: Count, "Request queue limit per rank (combined capacity for dp_rank=unspecified).";
+    Base histogram request_queue_wait_seconds: Seconds, "Time requests admitted from the gate's queue spent in it.";
+    Base histogram engine_request_waiting_seconds: Seconds, "Time from admission to the first generated token or completion.";
+    Base gauge request_queue_oldest_age_seconds: Seconds, "How long the oldest request still waiting in the gate's queue has waited (0 when the queue is empty), as of the gate's last event or metrics refresh.";
+    Tokens gauge engine_token_count: Count, "Prompt plus maximum output tokens of admitted requests whose response has not ended.";
+    Tokens gauge engine_waiting_token_count: Count, "Prompt tokens of admitted requests without a first generated token or completion yet.";
+    Tokens gauge request_queue_token_count: Count, "Prompt tokens of requests waiting in the gate's queue.";
+    Tokens gauge engine_token_limit: Count, "Engine token limit per rank (combined capacity for dp_rank=unspecified).";
+    Tokens gauge engine_waiting_token_limit: Count, "Engine waiting token limit per rank (combined capacity for dp_rank=unspecified).";
+    Tokens gauge request_queue_token_limit: Count, "Request queue token limit per rank (combined capacity for dp_rank=unspecified).";
+    Priorities gauge request_queue_by_priority_count: Count, "Requests waiting in the gate's queue, by the configured priority band they arrived in.";
+    Priorities counter request_admit_by_priority_total: Count, "Requests admitted to the engine (either source), by the configured priority band they arrived in.";
+    Priorities counter rejection_by_priority_total: Count, "Requests rejected as overload (any scope and reason), by the configured priority band they arrived in.";
 }
 
 impl Names {
-    fn new(prefix: &str) -> Self {
-        let name = |suffix: &str| format!("{prefix}_{suffix}");
-        Names {
-            engine_request_count: name("engine_request_count"),
-            engine_request_waiting_count: name("engine_request_waiting_count"),
-            request_queue_count: name("request_queue_count"),
-            request_receive_total: name("request_receive_total"),
-            request_admit_total: name("request_admit_total"),
-            rejection_total: name("rejection_total"),
-            cancellation_total: name("cancellation_total"),
-            engine_request_limit: name("engine_request_limit"),
-            engine_request_waiting_limit: name("engine_request_waiting_limit"),
-            request_queue_limit: name("request_queue_limit"),
-            engine_token_count: name("engine_token_count"),
-            engine_waiting_token_count: name("engine_waiting_token_count"),
-            request_queue_token_count: name("request_queue_token_count"),
-            engine_token_limit: name("engine_token_limit"),
-            engine_waiting_token_limit: name("engine_waiting_token_limit"),
-            request_queue_token_limit: name("request_queue_token_limit"),
-            request_queue_wait_seconds: name("request_queue_wait_seconds"),
-            engine_request_waiting_seconds: name("engine_request_waiting_seconds"),
-            request_queue_oldest_age_seconds: name("request_queue_oldest_age_seconds"),
-            request_queue_by_priority_count: name("request_queue_by_priority_count"),
-            request_admit_by_priority_total: name("request_admit_by_priority_total"),
-            rejection_by_priority_total: name("rejection_by_priority_total"),
-        }
-    }
-
     fn describe(&self) {
-        use metrics::{describe_counter, describe_gauge, describe_histogram};
-        describe_gauge!(
-            self.engine_request_count.clone(),
-            Unit::Count,
-            "Admitted requests whose response has not ended."
-        );
-        describe_gauge!(
-            self.engine_request_waiting_count.clone(),
-            Unit::Count,
-            "Admitted requests without a first generated token or completion yet."
-        );
-        describe_gauge!(
-            self.request_queue_count.clone(),
-            Unit::Count,
-            "Requests waiting in the gate's queue, outside the engine."
-        );
-        describe_counter!(
-            self.request_receive_total.clone(),
-            Unit::Count,
-            "Requests received by the gate."
-        );
-        describe_counter!(
-            self.request_admit_total.clone(),
-            Unit::Count,
-            "Requests admitted to the engine, on arrival (source=direct) or from the queue (source=queue)."
-        );
-        describe_counter!(
-            self.rejection_total.clone(),
-            Unit::Count,
-            "Requests rejected as overload, naming their rank (scope=rank) or the whole worker (scope=worker); with deadlines or priority bands on, why (reason=queue_full|deadline|displaced)."
-        );
-        describe_counter!(
-            self.cancellation_total.clone(),
-            Unit::Count,
-            "Requests cancelled while waiting in the gate's queue."
-        );
-        describe_gauge!(
-            self.engine_request_limit.clone(),
-            Unit::Count,
-            "Engine request limit per rank (combined capacity for dp_rank=unspecified)."
-        );
-        describe_gauge!(
-            self.engine_request_waiting_limit.clone(),
-            Unit::Count,
-            "Engine request waiting limit per rank (combined capacity for dp_rank=unspecified)."
-        );
-        describe_gauge!(
-            self.request_queue_limit.clone(),
-            Unit::Count,
-            "Request queue limit per rank (combined capacity for dp_rank=unspecified)."
-        );
-        describe_histogram!(
-            self.request_queue_wait_seconds.clone(),
-            Unit::Seconds,
-            "Time requests admitted from the gate's queue spent in it."
-        );
-        describe_histogram!(
-            self.engine_request_waiting_seconds.clone(),
-            Unit::Seconds,
-            "Time from admission to the first generated token or completion."
-        );
-        describe_gauge!(
-            self.request_queue_oldest_age_seconds.clone(),
-            Unit::Seconds,
-            "How long the oldest request still waiting in the gate's queue has waited (0 when the queue is empty), as of the gate's last event or metrics refresh."
-        );
+        self.describe_group(Group::Base);
     }
 
     fn describe_priorities(&self) {
-        use metrics::{describe_counter, describe_gauge};
-        describe_gauge!(
-            self.request_queue_by_priority_count.clone(),
-            Unit::Count,
-            "Requests waiting in the gate's queue, by the configured priority band they arrived in."
-        );
-        describe_counter!(
-            self.request_admit_by_priority_total.clone(),
-            Unit::Count,
-            "Requests admitted to the engine (either source), by the configured priority band they arrived in."
-        );
-        describe_counter!(
-            self.rejection_by_priority_total.clone(),
-            Unit::Count,
-            "Requests rejected as overload (any scope and reason), by the configured priority band they arrived in."
-        );
+        self.describe_group(Group::Priorities);
     }
-}
 
-impl Names {
     fn describe_tokens(&self) {
-        use metrics::describe_gauge;
-        let gauges = [
-            (
-                &self.engine_token_count,
-                "Prompt plus maximum output tokens of admitted requests whose response has not ended.",
-            ),
-            (
-                &self.engine_waiting_token_count,
-                "Prompt tokens of admitted requests without a first generated token or completion yet.",
-            ),
-            (
-                &self.request_queue_token_count,
-                "Prompt tokens of requests waiting in the gate's queue.",
-            ),
-            (
-                &self.engine_token_limit,
-                "Engine token limit per rank (combined capacity for dp_rank=unspecified).",
-            ),
-            (
-                &self.engine_waiting_token_limit,
-                "Engine waiting token limit per rank (combined capacity for dp_rank=unspecified).",
-            ),
-            (
-                &self.request_queue_token_limit,
-                "Request queue token limit per rank (combined capacity for dp_rank=unspecified).",
-            ),
-        ];
-        for (name, help) in gauges {
-            describe_gauge!(name.clone(), Unit::Count, help);
-        }
+        self.describe_group(Group::Tokens);
     }
 }
 
@@ -372,7 +279,7 @@ impl TokenMetrics {
         }
     }
 
-    fn set_counts(&self, counts: &crate::Counts) {
+    fn set_counts(&self, counts: &crate::gate::Counts) {
         self.engine_tokens.set(counts.engine_tokens as f64);
         self.engine_waiting_tokens
             .set(counts.engine_waiting_tokens as f64);

@@ -82,7 +82,8 @@ use std::error::Error;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::{EngineCapacity, Snapshot, Tally};
+use crate::config::EngineCapacity;
+use crate::gate::{Snapshot, Tally};
 
 /// Products within this relative distance of an integer are that integer:
 /// `C × W` of round-looking measurements carries binary rounding error

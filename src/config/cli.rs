@@ -148,16 +148,19 @@ impl AdmissionArgs {
     /// `lookup` instead of the process environment. The variables of a
     /// setting given by a flag are not read.
     pub fn resolve_with(&self, lookup: impl Fn(&str) -> Option<String>) -> AdmissionConfig {
+        // In the order of `env::NUMERIC`.
         let overrides = Overrides {
-            engine_request_limit: self.engine_request_limit.map(NonZeroUsize::get),
-            engine_request_waiting_limit: self.engine_request_waiting_limit.map(NonZeroUsize::get),
-            request_queue_limit: self.request_queue_limit,
-            engine_waiting_token_limit: self.engine_waiting_token_limit.map(NonZeroUsize::get),
-            engine_token_limit: self.engine_token_limit.map(NonZeroUsize::get),
-            request_queue_token_limit: self.request_queue_token_limit.map(NonZeroUsize::get),
-            request_queue_wait_limit_ms: self.request_queue_wait_limit_ms.map(NonZeroUsize::get),
-            ttft_objective_ms: self.ttft_objective_ms.map(NonZeroUsize::get),
-            aging_interval_ms: self.aging_interval_ms.map(NonZeroUsize::get),
+            numeric: [
+                self.engine_request_limit.map(NonZeroUsize::get),
+                self.engine_request_waiting_limit.map(NonZeroUsize::get),
+                self.request_queue_limit,
+                self.engine_waiting_token_limit.map(NonZeroUsize::get),
+                self.engine_token_limit.map(NonZeroUsize::get),
+                self.request_queue_token_limit.map(NonZeroUsize::get),
+                self.request_queue_wait_limit_ms.map(NonZeroUsize::get),
+                self.ttft_objective_ms.map(NonZeroUsize::get),
+                self.aging_interval_ms.map(NonZeroUsize::get),
+            ],
             priority_bands: self.priority_bands.clone(),
             tenant_weights: (!self.tenant_weight.is_empty()).then(|| self.tenant_weight.clone()),
         };
@@ -181,4 +184,33 @@ fn priority_bands(raw: &str) -> Result<Vec<i32>, String> {
 
 fn tenant_weight(raw: &str) -> Result<(String, u32), String> {
     env::parse_tenant_weight(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Args as _;
+
+    use super::*;
+
+    #[test]
+    fn the_numeric_flags_are_the_settings_table_in_its_order() {
+        let command = AdmissionArgs::augment_args(clap::Command::new("worker"));
+        let flags: Vec<String> = command
+            .get_arguments()
+            .filter_map(|arg| arg.get_long())
+            .map(|long| format!("--{long}"))
+            .take(env::NUMERIC.len())
+            .collect();
+        let table: Vec<&str> = env::NUMERIC.iter().map(|numeric| numeric.flag).collect();
+        assert_eq!(flags, table);
+        for numeric in &env::NUMERIC {
+            // The flag is the builder method's name, with its unit.
+            let flag = numeric.flag.trim_start_matches("--").replace('-', "_");
+            assert!(
+                flag.starts_with(numeric.name),
+                "{flag} sets {}",
+                numeric.name
+            );
+        }
+    }
 }

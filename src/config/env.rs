@@ -14,80 +14,146 @@ use std::fmt;
 use std::num::IntErrorKind;
 use std::time::Duration;
 
-use super::{AdmissionConfig, LimitSource};
+use super::{AdmissionConfig, LimitSource, LimitSources};
 
 /// One setting's environment variables and the smallest value it accepts.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Setting {
-    /// The command-line flag of the setting.
-    pub(crate) flag: &'static str,
     pub(crate) canonical: &'static str,
     pub(crate) alias: Option<&'static str>,
     pub(crate) minimum: usize,
 }
 
-pub(crate) const ENGINE_REQUEST_LIMIT: Setting = Setting {
-    flag: "--engine-request-limit",
-    canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
-    alias: Some("DYN_ENGINE_REQUEST_LIMIT"),
-    minimum: 1,
-};
+/// The numeric settings, declared once, in the order of
+/// [`AdmissionArgs`](crate::AdmissionArgs)'s fields: the builder method
+/// each sets, its flag, its variables and the smallest value it accepts.
+/// The environment resolver reads them from here, and the command line
+/// hands its values over in this order ([`Overrides::numeric`]); a test
+/// of the flags checks that their names and order agree with it.
+pub(crate) const NUMERIC: [Numeric; 9] = [
+    Numeric {
+        name: "engine_request_limit",
+        flag: "--engine-request-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
+            alias: Some("DYN_ENGINE_REQUEST_LIMIT"),
+            minimum: 1,
+        },
+        apply: |config, n| config.engine_request_limit(n),
+    },
+    Numeric {
+        name: "engine_request_waiting_limit",
+        flag: "--engine-request-waiting-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
+            alias: Some("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT"),
+            minimum: 1,
+        },
+        apply: |config, n| config.engine_request_waiting_limit(n),
+    },
+    Numeric {
+        name: "request_queue_limit",
+        flag: "--request-queue-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
+            alias: Some("DYN_DYNAMO_REQUEST_QUEUE_LIMIT"),
+            minimum: 0,
+        },
+        apply: |config, n| config.request_queue_limit(n),
+    },
+    Numeric {
+        name: "engine_waiting_token_limit",
+        flag: "--engine-waiting-token-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.engine_waiting_token_limit(n),
+    },
+    Numeric {
+        name: "engine_token_limit",
+        flag: "--engine-token-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.engine_token_limit(n),
+    },
+    Numeric {
+        name: "request_queue_token_limit",
+        flag: "--request-queue-token-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.request_queue_token_limit(n),
+    },
+    Numeric {
+        name: "request_queue_wait_limit",
+        flag: "--request-queue-wait-limit-ms",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.request_queue_wait_limit(millis(n)),
+    },
+    Numeric {
+        name: "ttft_objective",
+        flag: "--ttft-objective-ms",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.ttft_objective(millis(n)),
+    },
+    Numeric {
+        name: "aging_interval",
+        flag: "--aging-interval-ms",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.aging_interval(millis(n)),
+    },
+];
 
-pub(crate) const ENGINE_REQUEST_WAITING_LIMIT: Setting = Setting {
-    flag: "--engine-request-waiting-limit",
-    canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
-    alias: Some("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT"),
-    minimum: 1,
-};
+/// One numeric setting: see [`NUMERIC`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Numeric {
+    /// The builder method of [`AdmissionConfig`] it sets.
+    pub(crate) name: &'static str,
+    /// Its command-line flag ([`AdmissionArgs`](crate::AdmissionArgs)).
+    pub(crate) flag: &'static str,
+    /// Its variables and minimum.
+    pub(crate) setting: Setting,
+    /// Sets it on a configuration (durations are in milliseconds).
+    pub(crate) apply: fn(AdmissionConfig, usize) -> AdmissionConfig,
+}
 
-pub(crate) const REQUEST_QUEUE_LIMIT: Setting = Setting {
-    flag: "--request-queue-limit",
-    canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
-    alias: Some("DYN_DYNAMO_REQUEST_QUEUE_LIMIT"),
-    minimum: 0,
-};
+/// Where the limits of [`Limits`](crate::Limits) keep their source; the
+/// durations keep none.
+fn source_of<'a>(sources: &'a mut LimitSources, name: &str) -> Option<&'a mut LimitSource> {
+    match name {
+        "engine_request_limit" => Some(&mut sources.engine_request_limit),
+        "engine_request_waiting_limit" => Some(&mut sources.engine_request_waiting_limit),
+        "request_queue_limit" => Some(&mut sources.request_queue_limit),
+        "engine_waiting_token_limit" => Some(&mut sources.engine_waiting_token_limit),
+        "engine_token_limit" => Some(&mut sources.engine_token_limit),
+        "request_queue_token_limit" => Some(&mut sources.request_queue_token_limit),
+        _ => None,
+    }
+}
 
-pub(crate) const ENGINE_WAITING_TOKEN_LIMIT: Setting = Setting {
-    flag: "--engine-waiting-token-limit",
-    canonical: "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT",
-    alias: None,
-    minimum: 1,
-};
-
-pub(crate) const ENGINE_TOKEN_LIMIT: Setting = Setting {
-    flag: "--engine-token-limit",
-    canonical: "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT",
-    alias: None,
-    minimum: 1,
-};
-
-pub(crate) const REQUEST_QUEUE_TOKEN_LIMIT: Setting = Setting {
-    flag: "--request-queue-token-limit",
-    canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT",
-    alias: None,
-    minimum: 1,
-};
-
-pub(crate) const REQUEST_QUEUE_WAIT_LIMIT_MS: Setting = Setting {
-    flag: "--request-queue-wait-limit-ms",
-    canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS",
-    alias: None,
-    minimum: 1,
-};
-
-pub(crate) const TTFT_OBJECTIVE_MS: Setting = Setting {
-    flag: "--ttft-objective-ms",
-    canonical: "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS",
-    alias: None,
-    minimum: 1,
-};
-
-pub(crate) const AGING_INTERVAL_MS: Setting = Setting {
-    flag: "--aging-interval-ms",
-    canonical: "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS",
-    alias: None,
-    minimum: 1,
-};
+/// Milliseconds, for the settings that are durations.
+fn millis(n: usize) -> Duration {
+    Duration::from_millis(n as u64)
+}
 
 /// Comma-separated priorities that are bands: `-1,0,10`.
 pub(crate) const PRIORITY_BANDS: &str = "DYN_BACKEND_ADMISSION_PRIORITY_BANDS";
@@ -99,15 +165,8 @@ pub(crate) const TENANT_WEIGHTS: &str = "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS";
 /// line). A setting given here is resolved without reading its variables.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Overrides {
-    pub(crate) engine_request_limit: Option<usize>,
-    pub(crate) engine_request_waiting_limit: Option<usize>,
-    pub(crate) request_queue_limit: Option<usize>,
-    pub(crate) engine_waiting_token_limit: Option<usize>,
-    pub(crate) engine_token_limit: Option<usize>,
-    pub(crate) request_queue_token_limit: Option<usize>,
-    pub(crate) request_queue_wait_limit_ms: Option<usize>,
-    pub(crate) ttft_objective_ms: Option<usize>,
-    pub(crate) aging_interval_ms: Option<usize>,
+    /// Each of [`NUMERIC`], in its order.
+    pub(crate) numeric: [Option<usize>; NUMERIC.len()],
     pub(crate) priority_bands: Option<Vec<i32>>,
     pub(crate) tenant_weights: Option<Vec<(String, u32)>>,
 }
@@ -119,55 +178,13 @@ pub(crate) fn resolve(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> AdmissionConfig {
     let mut config = AdmissionConfig::new();
-    if let Some((n, source)) = ENGINE_REQUEST_LIMIT.resolve(overrides.engine_request_limit, lookup)
-    {
-        config = config.engine_request_limit(n);
-        config.sources.engine_request_limit = source;
-    }
-    if let Some((n, source)) =
-        ENGINE_REQUEST_WAITING_LIMIT.resolve(overrides.engine_request_waiting_limit, lookup)
-    {
-        config = config.engine_request_waiting_limit(n);
-        config.sources.engine_request_waiting_limit = source;
-    }
-    if let Some((n, source)) = REQUEST_QUEUE_LIMIT.resolve(overrides.request_queue_limit, lookup) {
-        config = config.request_queue_limit(n);
-        config.sources.request_queue_limit = source;
-    }
-    if let Some((n, source)) =
-        ENGINE_WAITING_TOKEN_LIMIT.resolve(overrides.engine_waiting_token_limit, lookup)
-    {
-        config = config.engine_waiting_token_limit(n);
-        config.sources.engine_waiting_token_limit = source;
-    }
-    if let Some((n, source)) = ENGINE_TOKEN_LIMIT.resolve(overrides.engine_token_limit, lookup) {
-        config = config.engine_token_limit(n);
-        config.sources.engine_token_limit = source;
-    }
-    if let Some((n, source)) =
-        REQUEST_QUEUE_TOKEN_LIMIT.resolve(overrides.request_queue_token_limit, lookup)
-    {
-        config = config.request_queue_token_limit(n);
-        config.sources.request_queue_token_limit = source;
-    }
-    let millis = |n: usize| Duration::from_millis(n as u64);
-    let request_queue_wait_limit = overrides
-        .request_queue_wait_limit_ms
-        .or_else(|| REQUEST_QUEUE_WAIT_LIMIT_MS.lookup(lookup));
-    if let Some(n) = request_queue_wait_limit {
-        config = config.request_queue_wait_limit(millis(n));
-    }
-    let ttft_objective = overrides
-        .ttft_objective_ms
-        .or_else(|| TTFT_OBJECTIVE_MS.lookup(lookup));
-    if let Some(n) = ttft_objective {
-        config = config.ttft_objective(millis(n));
-    }
-    let aging_interval = overrides
-        .aging_interval_ms
-        .or_else(|| AGING_INTERVAL_MS.lookup(lookup));
-    if let Some(n) = aging_interval {
-        config = config.aging_interval(millis(n));
+    for (numeric, given) in NUMERIC.iter().zip(overrides.numeric) {
+        if let Some((n, source)) = numeric.setting.resolve(numeric.flag, given, lookup) {
+            config = (numeric.apply)(config, n);
+            if let Some(recorded) = source_of(&mut config.sources, numeric.name) {
+                *recorded = source;
+            }
+        }
     }
     let priority_bands = overrides
         .priority_bands
@@ -196,15 +213,16 @@ pub(crate) fn process_env(name: &str) -> Option<String> {
 }
 
 impl Setting {
-    /// The value of the flag, when given, else of the first of the two
+    /// The value of `flag`, when given, else of the first of the two
     /// variables that holds a valid one, with where it came from.
     fn resolve(
         &self,
-        flag: Option<usize>,
+        flag: &'static str,
+        given: Option<usize>,
         lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Option<(usize, LimitSource)> {
-        if let Some(n) = flag {
-            return Some((n, LimitSource::Flag(self.flag)));
+        if let Some(n) = given {
+            return Some((n, LimitSource::Flag(flag)));
         }
         let from = |variable: &'static str, next| {
             self.read(variable, lookup, next)
@@ -214,11 +232,6 @@ impl Setting {
             Some(alias) => from(self.canonical, alias).or_else(|| from(alias, "the default")),
             None => from(self.canonical, "the default"),
         }
-    }
-
-    /// The value of the first of the two variables that holds a valid one.
-    fn lookup(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Option<usize> {
-        self.resolve(None, lookup).map(|(n, _)| n)
     }
 
     /// The value of one variable, if it is set and valid; `next` names the

@@ -20,7 +20,7 @@ use std::mem;
 use std::pin::Pin;
 use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 // Model-checked under `--cfg loom` (see `loom_tests.rs`).
 #[cfg(loom)]
@@ -28,7 +28,9 @@ use ::loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::observe::{BucketView, Configured, Observation, Observer, Stamp, contain};
+use super::observe::{
+    Arrived, BucketEvent, BucketView, Configured, Observation, Observed, Observer, Stamp, contain,
+};
 use super::permit::Permit;
 use super::state::{Arrival, Class, Demand, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
@@ -77,16 +79,8 @@ pub(crate) struct Waiter {
 
 /// Whom an event concerned, for its observation.
 enum Concerned {
-    /// The bucket of this rank (`None`: the unranked requests), with the
-    /// durations the event measured.
-    Bucket {
-        rank: Option<u32>,
-        /// Whether the event changed the bucket's tally (an arrival, a
-        /// hand-over, a cancellation) or only its counts (a release).
-        tally_changed: bool,
-        queue_wait: Option<Duration>,
-        engine_waiting: Option<Duration>,
-    },
+    /// One bucket.
+    Bucket(BucketEvent),
     /// Every bucket and the limits: the configuration changed.
     Everything,
 }
@@ -95,12 +89,7 @@ impl Concerned {
     /// An event that changed the tally of `rank`'s bucket (and perhaps its
     /// counts), measuring no duration.
     fn tally_of(rank: Option<u32>) -> Self {
-        Concerned::Bucket {
-            rank,
-            tally_changed: true,
-            queue_wait: None,
-            engine_waiting: None,
-        }
+        Concerned::Bucket(BucketEvent::tally_of(rank))
     }
 }
 
@@ -310,79 +299,24 @@ impl Gate {
             return;
         }
         let observer = &self.inner.observer;
-        let seq = state.next_event();
         match concerned {
-            Concerned::Bucket {
-                rank,
-                tally_changed,
-                queue_wait,
-                engine_waiting,
-            } => {
-                // Built in place, and the ages filled in after the lock:
-                // the observation is large, and this is the hot path.
-                let mut observation = Observation {
-                    seq,
-                    bucket: state.view(rank),
-                    tally_changed,
-                    offered: if offered_ranks.is_empty() {
-                        Vec::new()
-                    } else {
-                        offered_ranks
-                            .into_iter()
-                            .filter(|&offered| offered != rank)
-                            .map(|offered| state.view(offered))
-                            .collect()
-                    },
-                    queue_wait,
-                    engine_waiting,
-                };
-                let oldest = oldest_arrival(&state, rank);
+            Concerned::Bucket(event) => {
                 // Every bucket event advanced the state to its own time:
                 // ages on the gate's clock reuse that reading.
-                let event_time = state.event_time();
-                let offered_oldest: Vec<Option<Arrived>> = if observation.offered.is_empty() {
-                    Vec::new()
-                } else {
-                    observation
-                        .offered
-                        .iter()
-                        .map(|view| oldest_arrival(&state, view.rank))
-                        .collect()
-                };
+                let read_at = state.event_time();
+                let collected = Observation::collect(&mut *state, event, offered_ranks, read_at);
                 drop(state);
                 wake_all(wakers);
-                let mut now = Now::at(&self.inner.clock, event_time);
-                now.measure(&mut observation.bucket, oldest);
-                for (view, oldest) in observation.offered.iter_mut().zip(offered_oldest) {
-                    now.measure(view, oldest);
-                }
+                let observation = collected.measure(&self.inner.clock);
                 if contain(|| observer.observe(&observation)) {
                     self.refresh_metrics();
                 }
             }
             Concerned::Everything => {
-                let mut configured = Configured {
-                    seq,
-                    limits: state.limits(),
-                    ranks: state.recognised_ranks(),
-                    unranked: state.view(None),
-                    rank_buckets: (0..state.known_ranks() as u32)
-                        .map(|rank| state.view(Some(rank)))
-                        .collect(),
-                };
-                let unranked_oldest = oldest_arrival(&state, None);
-                let ranks_oldest: Vec<Option<Arrived>> = configured
-                    .rank_buckets
-                    .iter()
-                    .map(|view| oldest_arrival(&state, view.rank))
-                    .collect();
+                let collected = Configured::collect(&mut *state);
                 drop(state);
                 wake_all(wakers);
-                let mut now = Now::of(&self.inner.clock);
-                now.measure(&mut configured.unranked, unranked_oldest);
-                for (view, oldest) in configured.rank_buckets.iter_mut().zip(ranks_oldest) {
-                    now.measure(view, oldest);
-                }
+                let configured = collected.measure(&self.inner.clock);
                 contain(|| observer.configured(&configured));
             }
         }
@@ -427,12 +361,12 @@ impl Gate {
         } else {
             state.first_token(grant);
         }
-        let concerned = Concerned::Bucket {
+        let concerned = Concerned::Bucket(BucketEvent {
             rank: state.grant_rank(grant),
             tally_changed: false,
             queue_wait: None,
             engine_waiting,
-        };
+        });
         self.end_event(state, concerned);
     }
 }
@@ -453,73 +387,34 @@ fn log_limits(in_force: &LimitsInForce, why: &str) {
     );
 }
 
-/// When a queued request arrived, on the clock its age is measured with.
-///
-/// A gate that keeps time (deadlines or aging on) records each queued
-/// request's arrival on its own clock
-/// ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)), so ages
-/// agree with deadlines and aging, and with a test's paused clock. Any
-/// other gate measures on the observer's clock, from the stamp it takes at
-/// every arrival anyway (for `request_queue_wait_seconds`): recording the
-/// age costs an arrival nothing more.
-#[derive(Debug, Clone, Copy)]
-enum Arrived {
-    Gate(Instant),
-    Stamp(Stamp),
-}
-
-/// When the oldest queued request of a recognised rank's bucket (`None`:
-/// the unranked requests) arrived, read under the gate's lock: its age is
-/// measured once the lock is released.
-#[inline]
-fn oldest_arrival(state: &State<Waiter>, rank: Option<u32>) -> Option<Arrived> {
-    state
-        .oldest_queued(rank)
-        .map(|(queued_at, waiter)| match queued_at {
-            Some(at) => Arrived::Gate(at),
-            None => Arrived::Stamp(waiter.queued_at),
-        })
-}
-
-/// The present, on each clock, read at most once and only when needed: an
-/// event that leaves every queue it touched empty reads no clock.
-struct Now<'a> {
-    clock: &'a Clock,
-    gate: Option<Instant>,
-    stamp: Option<Stamp>,
-}
-
-impl<'a> Now<'a> {
-    fn of(clock: &'a Clock) -> Self {
-        Now::at(clock, None)
+impl Observed for State<Waiter> {
+    fn next_event(&mut self) -> u64 {
+        State::next_event(self)
     }
 
-    /// [`Now::of`], the gate's clock already read at `gate`, if given.
-    fn at(clock: &'a Clock, gate: Option<Instant>) -> Self {
-        Now {
-            clock,
-            gate,
-            stamp: None,
-        }
+    fn view(&self, rank: Option<u32>) -> BucketView {
+        State::view(self, rank)
     }
 
-    /// Sets the age of `view`'s oldest queued request, which arrived at
-    /// `oldest` (`None`: nothing is queued, and no clock is read).
     #[inline]
-    fn measure(&mut self, view: &mut BucketView, oldest: Option<Arrived>) {
-        if let Some(arrived) = oldest {
-            view.oldest_wait = Some(self.since(arrived));
-        }
+    fn oldest_arrival(&self, rank: Option<u32>) -> Option<Arrived> {
+        self.oldest_queued(rank)
+            .map(|(queued_at, waiter)| match queued_at {
+                Some(at) => Arrived::Gate(at),
+                None => Arrived::Stamp(waiter.queued_at),
+            })
     }
 
-    fn since(&mut self, arrived: Arrived) -> Duration {
-        match arrived {
-            Arrived::Gate(at) => self
-                .gate
-                .get_or_insert_with(|| self.clock.now())
-                .saturating_duration_since(at),
-            Arrived::Stamp(at) => self.stamp.get_or_insert_with(Stamp::now).since(at),
-        }
+    fn limits(&self) -> Limits {
+        State::limits(self)
+    }
+
+    fn recognised_ranks(&self) -> usize {
+        State::recognised_ranks(self)
+    }
+
+    fn known_ranks(&self) -> usize {
+        State::known_ranks(self)
     }
 }
 
@@ -666,16 +561,14 @@ impl Future for Acquire {
                         // The counts moved when the admission was offered;
                         // what is new is the tally and the queue wait.
                         let observation = DefaultObserver::ENABLED.then(|| {
-                            let rank = state.grant_rank(&grant);
-                            let observation = Observation {
-                                seq: state.next_event(),
-                                bucket: state.view(rank),
+                            let event = BucketEvent {
+                                rank: state.grant_rank(&grant),
                                 tally_changed: true,
-                                offered: Vec::new(),
                                 queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
                                 engine_waiting: None,
                             };
-                            (observation, oldest_arrival(&state, rank))
+                            // A hand-over reads no time of the gate.
+                            Observation::collect(&mut *state, event, Vec::new(), None)
                         });
                         (grant, waiter.offered_at, observation)
                     }
@@ -693,8 +586,8 @@ impl Future for Acquire {
         let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
             unreachable!("matched above")
         };
-        if let Some((mut observation, oldest)) = observation {
-            Now::of(&gate.inner.clock).measure(&mut observation.bucket, oldest);
+        if let Some(collected) = observation {
+            let observation = collected.measure(&gate.inner.clock);
             let observer = &gate.inner.observer;
             if contain(|| observer.observe(&observation)) {
                 gate.refresh_metrics();

@@ -8,10 +8,10 @@
 //! observation, never capacity, a wake-up or the process.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::types::{BandTally, Counts, Tally};
-use crate::config::{AdmissionConfig, Limits};
+use crate::config::{AdmissionConfig, Clock, Limits};
 
 /// One bucket — a rank, or the unranked requests — after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +74,189 @@ pub(crate) struct Configured {
     pub(crate) unranked: BucketView,
     /// Every rank ever recognised; `rank_buckets[ranks..]` have vanished.
     pub(crate) rank_buckets: Vec<BucketView>,
+}
+
+/// What an observation reads from the gate's state, under its lock.
+pub(crate) trait Observed {
+    /// The next event's place in the order of the gate's events.
+    fn next_event(&mut self) -> u64;
+    /// The bucket of `rank` (`None`: the unranked requests) as it is now.
+    fn view(&self, rank: Option<u32>) -> BucketView;
+    /// When that bucket's oldest queued request arrived; `None` when its
+    /// queue is empty.
+    fn oldest_arrival(&self, rank: Option<u32>) -> Option<Arrived>;
+    fn limits(&self) -> Limits;
+    /// Ranks recognised (0 before the engine's first report).
+    fn recognised_ranks(&self) -> usize;
+    /// Every rank ever recognised.
+    fn known_ranks(&self) -> usize;
+}
+
+/// An event that concerned one bucket, with the durations it measured.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BucketEvent {
+    /// The bucket's rank, `None` for the unranked requests.
+    pub(crate) rank: Option<u32>,
+    /// Whether the event changed the bucket's tally (an arrival, a
+    /// hand-over, a cancellation) or only its counts (a release).
+    pub(crate) tally_changed: bool,
+    pub(crate) queue_wait: Option<Duration>,
+    pub(crate) engine_waiting: Option<Duration>,
+}
+
+impl BucketEvent {
+    /// An event that changed the tally of `rank`'s bucket (and perhaps its
+    /// counts), measuring no duration.
+    pub(crate) fn tally_of(rank: Option<u32>) -> Self {
+        BucketEvent {
+            rank,
+            tally_changed: true,
+            queue_wait: None,
+            engine_waiting: None,
+        }
+    }
+}
+
+/// An observation read under the gate's lock whose ages are not measured
+/// yet: [`measure`](Self::measure) does that once the lock is released,
+/// so no clock is read inside it.
+///
+/// This is the only way an [`Observation`] or a [`Configured`] is built:
+/// every event path measures ages by the same rule, on the same clocks.
+#[derive(Debug)]
+pub(crate) struct Collected<T> {
+    observation: T,
+    /// When the oldest queued request of each bucket of the observation
+    /// arrived, in the order of [`Buckets::views`].
+    oldest: Vec<Option<Arrived>>,
+    /// The gate's clock as the event read it, if it did: ages on that
+    /// clock reuse the reading.
+    read_at: Option<Instant>,
+}
+
+impl Observation {
+    /// Reads what `event` changed: its bucket, and the other buckets among
+    /// `offered_ranks` (whose queued requests it admitted). `read_at` is
+    /// the gate's time the event was applied at, if it read one.
+    pub(crate) fn collect(
+        state: &mut impl Observed,
+        event: BucketEvent,
+        offered_ranks: Vec<Option<u32>>,
+        read_at: Option<Instant>,
+    ) -> Collected<Observation> {
+        let offered: Vec<BucketView> = offered_ranks
+            .into_iter()
+            .filter(|&offered| offered != event.rank)
+            .map(|offered| state.view(offered))
+            .collect();
+        let observation = Observation {
+            seq: state.next_event(),
+            bucket: state.view(event.rank),
+            tally_changed: event.tally_changed,
+            offered,
+            queue_wait: event.queue_wait,
+            engine_waiting: event.engine_waiting,
+        };
+        Collected::of(state, observation, read_at)
+    }
+}
+
+impl Configured {
+    /// Reads the limits in force and every bucket.
+    pub(crate) fn collect(state: &mut impl Observed) -> Collected<Configured> {
+        let configured = Configured {
+            seq: state.next_event(),
+            limits: state.limits(),
+            ranks: state.recognised_ranks(),
+            unranked: state.view(None),
+            rank_buckets: (0..state.known_ranks() as u32)
+                .map(|rank| state.view(Some(rank)))
+                .collect(),
+        };
+        Collected::of(state, configured, None)
+    }
+}
+
+/// An observation's bucket views, in one order.
+pub(crate) trait Buckets {
+    fn views(&mut self) -> impl Iterator<Item = &mut BucketView>;
+}
+
+impl Buckets for Observation {
+    fn views(&mut self) -> impl Iterator<Item = &mut BucketView> {
+        std::iter::once(&mut self.bucket).chain(self.offered.iter_mut())
+    }
+}
+
+impl Buckets for Configured {
+    fn views(&mut self) -> impl Iterator<Item = &mut BucketView> {
+        std::iter::once(&mut self.unranked).chain(self.rank_buckets.iter_mut())
+    }
+}
+
+impl<T: Buckets> Collected<T> {
+    fn of(state: &impl Observed, mut observation: T, read_at: Option<Instant>) -> Self {
+        let oldest = observation
+            .views()
+            .map(|view| state.oldest_arrival(view.rank))
+            .collect();
+        Collected {
+            observation,
+            oldest,
+            read_at,
+        }
+    }
+
+    /// The observation, with the age of each bucket's oldest queued request
+    /// measured now. Call it after releasing the lock.
+    pub(crate) fn measure(mut self, clock: &Clock) -> T {
+        let mut now = Now {
+            clock,
+            gate: self.read_at,
+            stamp: None,
+        };
+        for (view, oldest) in self.observation.views().zip(self.oldest) {
+            if let Some(arrived) = oldest {
+                view.oldest_wait = Some(now.since(arrived));
+            }
+        }
+        self.observation
+    }
+}
+
+/// When a queued request arrived, on the clock its age is measured with.
+///
+/// A gate that keeps time (deadlines or aging on) records each queued
+/// request's arrival on its own clock
+/// ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)), so ages
+/// agree with deadlines and aging, and with a test's paused clock. Any
+/// other gate measures on the observer's clock, from the stamp it takes at
+/// every arrival anyway (for `request_queue_wait_seconds`): recording the
+/// age costs an arrival nothing more.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arrived {
+    Gate(Instant),
+    Stamp(Stamp),
+}
+
+/// The present, on each clock, read at most once and only when needed: an
+/// event that leaves every queue it touched empty reads no clock.
+struct Now<'a> {
+    clock: &'a Clock,
+    gate: Option<Instant>,
+    stamp: Option<Stamp>,
+}
+
+impl Now<'_> {
+    fn since(&mut self, arrived: Arrived) -> Duration {
+        match arrived {
+            Arrived::Gate(at) => self
+                .gate
+                .get_or_insert_with(|| self.clock.now())
+                .saturating_duration_since(at),
+            Arrived::Stamp(at) => self.stamp.get_or_insert_with(Stamp::now).since(at),
+        }
+    }
 }
 
 /// Receives the gate's observations, after its lock is released.

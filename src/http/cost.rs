@@ -40,7 +40,8 @@ use serde_json::Value;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::Cost;
+use crate::gate::Cost;
+use crate::headers::single_value;
 
 /// Reads the cost of a request, if it can tell.
 pub trait CostExtractor<B> {
@@ -97,7 +98,7 @@ impl CostHeader {
 }
 
 fn header_number<B>(req: &Request<B>, name: &HeaderName) -> Option<usize> {
-    super::single_value(req.headers(), name)?
+    single_value(req.headers(), name)?
         .to_str()
         .ok()?
         .trim()

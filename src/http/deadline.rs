@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+use crate::headers::{GRPC_TIMEOUT, parse_grpc_timeout, single_value};
 
 /// The request headers that carry a client's deadline; see
 /// [`AdmissionLayer::grpc_timeout`](super::AdmissionLayer::grpc_timeout) and
@@ -40,26 +40,7 @@ impl RequestDeadlines {
 
 /// The value of a header present exactly once, as text.
 fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
-    super::single_value(headers, name)?.to_str().ok()
-}
-
-/// A `grpc-timeout` value: at most 8 ASCII digits and a unit (`H`, `M`,
-/// `S`, `m`, `u`, `n`), as the gRPC over HTTP/2 protocol defines it.
-pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount * 3600),
-        "M" => Duration::from_secs(amount * 60),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    single_value(headers, name)?.to_str().ok()
 }
 
 #[cfg(test)]

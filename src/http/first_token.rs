@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::Permit;
+use crate::gate::Permit;
 
 /// Ends the *waiting* of an admitted request from inside the handler.
 ///

@@ -14,11 +14,11 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
+use super::admitted::admit;
 use super::first_token::Held;
-use super::reject::OverloadAnswer;
-use super::service::admit;
-use crate::Acquire;
+use super::reject::OverloadResponder;
 use crate::detect::{Auto, FirstTokenDetector};
+use crate::gate::Acquire;
 
 pin_project! {
     /// Response future of [`Admission`](super::Admission).
@@ -79,7 +79,7 @@ pub(crate) struct Deferred<S, ReqBody, D> {
     pub(crate) service: S,
     pub(crate) request: Request<ReqBody>,
     pub(crate) detector: D,
-    pub(crate) answer: OverloadAnswer,
+    pub(crate) answer: OverloadResponder,
 }
 
 impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>

@@ -10,10 +10,10 @@ use tower_layer::Layer;
 use super::bypass::NoBypass;
 use super::deadline::RequestDeadlines;
 use super::qos::QosHeaders;
-use super::reject::OverloadAnswer;
+use super::reject::OverloadResponder;
 use super::{Admission, NoRank};
 use crate::detect::{Auto, FirstTokenDetector};
-use crate::{Gate, Overloaded};
+use crate::gate::{Gate, Overloaded};
 
 /// Applies [`Admission`] to a service: admission control through one
 /// shared [`Gate`].
@@ -30,7 +30,7 @@ pub struct AdmissionLayer<D = Auto, R = NoRank, P = NoBypass> {
     detector: D,
     rank: R,
     bypass: P,
-    answer: OverloadAnswer,
+    answer: OverloadResponder,
     deadlines: RequestDeadlines,
     qos_headers: Option<QosHeaders>,
 }
@@ -45,7 +45,7 @@ impl AdmissionLayer {
             detector: Auto::default(),
             rank: NoRank,
             bypass: NoBypass,
-            answer: OverloadAnswer::default(),
+            answer: OverloadResponder::default(),
             deadlines: RequestDeadlines::default(),
             qos_headers: None,
         }

@@ -308,6 +308,7 @@
 //!
 //! [`Gate`]: crate::Gate
 
+mod admitted;
 mod body;
 mod bypass;
 mod cost;
@@ -324,17 +325,7 @@ mod tonic;
 
 pub use self::body::ResponseBody;
 
-/// The value of header `name` when it is present exactly once: a repeated
-/// header is ambiguous, and every header this crate reads (rank, cost,
-/// deadline, priority, tenant) then falls back to its default.
-pub(crate) fn single_value<'a>(
-    headers: &'a ::http::HeaderMap,
-    name: &::http::HeaderName,
-) -> Option<&'a ::http::HeaderValue> {
-    let mut values = headers.get_all(name).iter();
-    let value = values.next()?;
-    values.next().is_none().then_some(value)
-}
+pub use self::admitted::Admitted;
 pub use self::bypass::{Bypass, BypassPaths, NoBypass};
 pub use self::cost::{
     CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES, OpenAiCost,
@@ -346,7 +337,7 @@ pub use self::layer::AdmissionLayer;
 pub use self::qos::{Priority, Qos, QosExtractor, QosHeaders, QosLayer, SetQos};
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
 pub use self::reject::{ORIGIN, REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};
-pub use self::service::{Admission, Admitted};
+pub use self::service::Admission;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

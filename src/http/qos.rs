@@ -47,7 +47,8 @@ use http::{HeaderName, HeaderValue, Request};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::Tenant;
+use crate::gate::Tenant;
+use crate::headers::single_value;
 
 /// A request extension holding the request's priority (SPEC §8): higher is
 /// served first, 0 by default, negative marks sheddable work. Read by
@@ -253,8 +254,8 @@ impl<B> QosExtractor<B> for QosHeaders {
     fn qos(&self, req: &Request<B>) -> Qos {
         let headers = req.headers();
         Qos {
-            priority: super::single_value(headers, &self.priority).and_then(parse_priority),
-            tenant: super::single_value(headers, &self.tenant).and_then(parse_tenant),
+            priority: single_value(headers, &self.priority).and_then(parse_priority),
+            tenant: single_value(headers, &self.tenant).and_then(parse_tenant),
         }
     }
 }

@@ -11,6 +11,8 @@ use std::fmt;
 
 use http::{HeaderName, Request};
 
+use crate::headers::single_value;
+
 /// Reads the data-parallel rank a request asks for.
 ///
 /// `None` means *unranked*: the request draws on the combined capacity of
@@ -118,7 +120,7 @@ impl Default for RankHeader {
 
 impl<B> RankExtractor<B> for RankHeader {
     fn rank(&self, req: &Request<B>) -> Option<u32> {
-        parse_rank(super::single_value(req.headers(), &self.name)?.as_bytes())
+        parse_rank(single_value(req.headers(), &self.name)?.as_bytes())
     }
 }
 

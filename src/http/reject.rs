@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, request};
 
-use crate::{Overloaded, RejectionScope};
+use crate::gate::{Overloaded, RejectionScope};
 
 /// Response header naming the rejection scope: `rank` or `worker`.
 pub const REJECTION_SCOPE: HeaderName = HeaderName::from_static("x-admission-rejection-scope");
@@ -51,7 +51,7 @@ pub(crate) type BuildResponse =
 
 /// How rejections are answered; part of the layer's configuration.
 #[derive(Clone)]
-pub(crate) struct OverloadAnswer {
+pub(crate) struct OverloadResponder {
     pub(crate) status: StatusCode,
     pub(crate) grpc_code: u16,
     /// `Retry-After` (gRPC: `grpc-retry-pushback-ms`) on worker-scoped
@@ -61,9 +61,9 @@ pub(crate) struct OverloadAnswer {
     pub(crate) build: Option<BuildResponse>,
 }
 
-impl fmt::Debug for OverloadAnswer {
+impl fmt::Debug for OverloadResponder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OverloadAnswer")
+        f.debug_struct("OverloadResponder")
             .field("status", &self.status)
             .field("grpc_code", &self.grpc_code)
             .field("retry_after", &self.retry_after)
@@ -82,9 +82,9 @@ pub(crate) const SITE_OVERLOADED: u16 = 529;
 /// from a server that sheds load.
 pub(crate) const GRPC_UNAVAILABLE: u16 = 14;
 
-impl Default for OverloadAnswer {
+impl Default for OverloadResponder {
     fn default() -> Self {
-        OverloadAnswer {
+        OverloadResponder {
             status: StatusCode::from_u16(SITE_OVERLOADED).expect("529 is a valid status code"),
             grpc_code: GRPC_UNAVAILABLE,
             retry_after: Some(WORKER_BACKOFF_SECONDS),
@@ -93,7 +93,7 @@ impl Default for OverloadAnswer {
     }
 }
 
-impl OverloadAnswer {
+impl OverloadResponder {
     /// The answer to the rejected request whose head is `request`.
     pub(crate) fn respond(
         &self,

@@ -9,41 +9,15 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
+use super::admitted::admit;
 use super::bypass::{Bypass, NoBypass};
 use super::deadline::RequestDeadlines;
-use super::first_token::Held;
 use super::future::Deferred;
 use super::qos::{QosHeaders, qos_of, set_qos};
-use super::reject::OverloadAnswer;
+use super::reject::OverloadResponder;
 use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
 use crate::detect::{Auto, FirstTokenDetector};
-use crate::{AdmitSource, Cost, Descriptor, Gate, Permit};
-
-/// What the gate decided for a request, inserted into the request's
-/// extensions before the inner service sees it: the rank the request is
-/// counted under (`None` when unranked, including an unrecognised rank) and
-/// how it got in. A handler that runs the request on an engine rank should
-/// use this rank, the one the gate accounted for.
-///
-/// With axum: `Extension(admitted): Extension<Admitted>`. More fields may
-/// come; read the ones you need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Admitted {
-    /// The rank the request is counted under.
-    pub rank: Option<u32>,
-    /// Whether it was admitted on arrival or from the queue.
-    pub source: AdmitSource,
-}
-
-impl Admitted {
-    pub(crate) fn of(permit: &Permit) -> Admitted {
-        Admitted {
-            rank: permit.rank(),
-            source: permit.source(),
-        }
-    }
-}
+use crate::gate::{Cost, Descriptor, Gate};
 
 /// Admission control for an HTTP or gRPC service: each request is admitted,
 /// queued, or answered with an overload response before it reaches the
@@ -58,7 +32,7 @@ pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass> {
     pub(super) detector: D,
     pub(super) rank: R,
     pub(super) bypass: P,
-    pub(super) answer: OverloadAnswer,
+    pub(super) answer: OverloadResponder,
     pub(super) deadlines: RequestDeadlines,
     pub(super) qos_headers: Option<QosHeaders>,
 }
@@ -73,7 +47,7 @@ impl<S> Admission<S> {
             detector: Auto::default(),
             rank: NoRank,
             bypass: NoBypass,
-            answer: OverloadAnswer::default(),
+            answer: OverloadResponder::default(),
             deadlines: RequestDeadlines::default(),
             qos_headers: None,
         }
@@ -183,15 +157,4 @@ where
             },
         )
     }
-}
-
-/// Marks `req` admitted: the [`Admitted`] and
-/// [`FirstToken`](super::FirstToken) extensions.
-pub(crate) fn admit<B>(req: &mut Request<B>, permit: Permit) -> Held {
-    let admitted = Admitted::of(&permit);
-    let (held, first_token) = Held::new(permit);
-    let extensions = req.extensions_mut();
-    extensions.insert(admitted);
-    extensions.insert(first_token);
-    held
 }

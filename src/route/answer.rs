@@ -11,11 +11,11 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
 use crate::RejectionScope;
+use crate::headers::{self, GRPC_TIMEOUT};
 use crate::http::{ORIGIN, REJECTED_RANK, REJECTION_SCOPE};
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// `529 Site is overloaded`, the gate's default overload status.
 const SITE_OVERLOADED: u16 = 529;
@@ -171,24 +171,9 @@ pub(crate) fn parse_retry_after(value: &[u8], now: SystemTime) -> Option<Duratio
     Some(date.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// `grpc-timeout`: up to eight digits and a unit (`H`, `M`, `S`, `m`, `u`,
-/// `n`), as the gRPC HTTP/2 protocol defines.
-pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(GRPC_TIMEOUT)?.as_bytes();
-    let (&unit, digits) = value.split_last()?;
-    if digits.len() > 8 {
-        return None;
-    }
-    let amount = parse_decimal(digits)?;
-    Some(match unit {
-        b'H' => Duration::from_secs(amount * 3600),
-        b'M' => Duration::from_secs(amount * 60),
-        b'S' => Duration::from_secs(amount),
-        b'm' => Duration::from_millis(amount),
-        b'u' => Duration::from_micros(amount),
-        b'n' => Duration::from_nanos(amount),
-        _ => return None,
-    })
+/// The request's `grpc-timeout`, when its (first) value is a valid one.
+pub(crate) fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    headers::parse_grpc_timeout(headers.get(GRPC_TIMEOUT)?.as_bytes())
 }
 
 /// ASCII digits only, no sign, at most 18 of them (no overflow).
@@ -393,7 +378,7 @@ mod tests {
         let with = |value: &str| {
             let mut headers = HeaderMap::new();
             headers.insert(GRPC_TIMEOUT, HeaderValue::from_str(value).unwrap());
-            parse_grpc_timeout(&headers)
+            grpc_timeout(&headers)
         };
         assert_eq!(with("250m"), Some(Duration::from_millis(250)));
         assert_eq!(with("2S"), Some(Duration::from_secs(2)));

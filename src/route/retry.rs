@@ -21,7 +21,7 @@ use tower::retry::Policy;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::rng::{HasherRng, Rng};
 
-use super::answer::{OverloadAnswer, parse_grpc_timeout};
+use super::answer::{OverloadAnswer, grpc_timeout};
 use super::clock::later;
 use super::worker::CooldownApplied;
 
@@ -332,7 +332,7 @@ where
         *clone.extensions_mut() = request.extensions().clone();
         if clone.extensions().get::<Deadline>().is_none() {
             // First send: a gRPC deadline counts from now.
-            if let Some(timeout) = parse_grpc_timeout(request.headers()) {
+            if let Some(timeout) = grpc_timeout(request.headers()) {
                 clone.extensions_mut().insert(Deadline::after(timeout));
             }
         }

@@ -55,6 +55,7 @@
 
 mod config;
 mod engine;
+mod measure;
 pub mod qos;
 mod scheduler;
 pub mod sweep;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::gate::types::{Cost, RejectionScope};
 
 const A: Tenant = Tenant::new("a");
 const B: Tenant = Tenant::new("b");

@@ -32,7 +32,7 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use super::Slot;
-use crate::Tenant;
+use crate::gate::types::Tenant;
 
 /// Fixed-point scale of fair queueing tags: a multiple of every weight up
 /// to 16, so common weights divide service exactly.

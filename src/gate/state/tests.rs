@@ -9,6 +9,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::gate::types::{Cost, RejectionScope, Tally};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

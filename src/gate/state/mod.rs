@@ -4,7 +4,7 @@
 //! `State` knows nothing of futures, locks, clocks or HTTP. It takes events —
 //! an arrival, a first token, the end of a response, a cancellation, a
 //! capacity report — and answers with decisions: admitted, queued under a
-//! [`Ticket`], or rejected with a [`RejectionScope`]. Queued requests that
+//! [`Ticket`], or rejected with a [`RejectionScope`](crate::RejectionScope). Queued requests that
 //! become admitted are *offered*: they hold their engine capacity from that
 //! moment, and the driver (the [`Gate`](crate::Gate)) learns of them through
 //! [`State::drain_offered`] and wakes whoever waits on them.
@@ -18,6 +18,17 @@
 //! A ranked request must fit its rank's limits **and** the combined capacity;
 //! an unranked request only the combined capacity. Queue space follows the
 //! same two rules.
+//!
+//! # Where each part lives
+//!
+//! This file holds the events (arrive, poll, expire, cancel, first token,
+//! finish, capacity report) and the queue's service (enqueue, dequeue,
+//! offer). The rest is carved by what it owns, each file with its own
+//! invariants: [`buckets`] (which bucket a request, ticket or grant is
+//! counted in; retiring a vanished rank), [`accounting`] (what a request
+//! needs, whether it fits, charging and releasing), [`budget`] (time,
+//! queue-wait budgets, drain-rate prediction) and [`view`] (plain values
+//! for observers); [`queue`] orders each bucket's waiting requests.
 //!
 //! # Invariants (checked by the model test below)
 //!
@@ -35,7 +46,7 @@
 //! Every request costs one engine request slot and one waiting slot, and
 //! its tokens where token limits are set ([`Demand`]); a token budget that
 //! holds nothing takes any request, so a request larger than a whole budget
-//! runs alone. Each bucket's [`Queue`] orders its requests by class of
+//! runs alone. Each bucket's [`Queue`](queue::Queue) orders its requests by class of
 //! service (SPEC §8: bands, tenants' fair shares, aging); with the default
 //! class — one band, no tenant — it is FIFO by arrival.
 
@@ -44,15 +55,18 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-use self::queue::{Ladder, Node, Nodes, Queue};
-use super::observe::{BandView, BucketView};
-use super::types::{
-    AdmitSource, BandTally, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tally,
-    Tenant,
-};
-use crate::config::{AdmissionConfig, EngineCapacity, Limits, LimitsInForce};
+use self::queue::{Ladder, Node, Nodes};
+use super::types::{AdmitSource, Counts, Overloaded, RejectionReason, Tenant};
+use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
+mod accounting;
+mod buckets;
+mod budget;
 mod queue;
+mod view;
+
+pub(crate) use self::accounting::Demand;
+use self::buckets::{Bucket, BucketKey, Held};
 
 /// Identifies a queued request while it waits: its slot in the entry slab
 /// and its arrival number. The arrival number is the slot's generation: a
@@ -62,63 +76,6 @@ mod queue;
 pub(crate) struct Ticket {
     slot: usize,
     seq: u64,
-}
-
-/// Which capacity a request is counted in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BucketKey {
-    Unranked,
-    Rank(u32),
-}
-
-/// Where a grant's capacity is counted. The generation tells a grant made on
-/// a rank that has since vanished (its counts moved to the unranked bucket)
-/// from one made on the same rank number after it reappeared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Held {
-    bucket: BucketKey,
-    generation: u32,
-}
-
-/// What one request needs: one engine request slot and one waiting slot
-/// always, and its tokens where token limits are set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Demand {
-    /// Prompt tokens: held in the queue and, once admitted, until waiting
-    /// ends.
-    prompt_tokens: usize,
-    /// Prompt plus maximum output tokens: held from admission until the
-    /// response ends.
-    engine_tokens: usize,
-}
-
-impl Demand {
-    pub(crate) fn of(cost: Cost) -> Demand {
-        Demand {
-            prompt_tokens: cost.prompt_tokens,
-            engine_tokens: cost.engine_tokens(),
-        }
-    }
-}
-
-/// A moving average that weighs the latest sample by a fifth.
-fn moving_average(average: Option<f64>, sample: f64) -> f64 {
-    const WEIGHT: f64 = 0.2;
-    match average {
-        Some(average) => average + WEIGHT * (sample - average),
-        None => sample,
-    }
-}
-
-/// Whether `cost` more tokens fit a budget of which `used` are taken. An
-/// empty budget takes anything: a request larger than the whole budget runs
-/// alone rather than never. A request of no tokens does not draw on the
-/// budget, so it is never held back by it.
-fn tokens_fit(used: usize, cost: usize, limit: Option<usize>) -> bool {
-    match limit {
-        None => true,
-        Some(limit) => cost == 0 || used == 0 || used.saturating_add(cost) <= limit,
-    }
 }
 
 /// Capacity held by one admitted request. Dropping a `Grant` without
@@ -207,23 +164,6 @@ type Slot = usize;
 pub(crate) struct Class {
     pub(crate) priority: i32,
     pub(crate) tenant: Option<Tenant>,
-}
-
-#[derive(Debug, Default)]
-struct Bucket {
-    counts: Counts,
-    queue: Queue,
-    tally: Tally,
-    /// Tallies per configured priority band, by rung; empty (and never
-    /// allocated) unless bands are configured.
-    bands: Vec<BandTally>,
-    generation: u32,
-    /// The last queue admission, or when the queue last became non-empty:
-    /// the start of the interval the next queue admission ends.
-    drain_mark: Option<Instant>,
-    /// Mean time between queue admissions while the queue is not empty
-    /// (seconds, a moving average): how fast it drains.
-    drain_interval: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -327,18 +267,6 @@ impl<T> State<T> {
 
     // ----- events -------------------------------------------------------
 
-    /// The time of the events that follow, for a gate that keeps time.
-    pub(crate) fn advance(&mut self, now: Instant) {
-        self.now = Some(now);
-    }
-
-    /// The time the last [`advance`](Self::advance) gave, when the gate
-    /// keeps time: the time of the event just applied, if the driver
-    /// advanced for it.
-    pub(crate) fn event_time(&self) -> Option<Instant> {
-        self.now.filter(|_| self.timed)
-    }
-
     /// A request arrives, asking for `rank` (`None`, or a rank this worker
     /// does not recognise, makes it unranked), needing `demand`, with the
     /// client's own `deadline` (from arrival), if any.
@@ -399,7 +327,8 @@ impl<T> State<T> {
         let budget = self.budget(deadline);
         if let Some((budget, client)) = budget {
             if self
-                .predicted_wait(bucket, rung)
+                .bucket(bucket)
+                .predicted_wait(rung)
                 .is_some_and(|wait| wait > budget)
             {
                 return Arrival::Rejected(self.reject(
@@ -417,7 +346,7 @@ impl<T> State<T> {
         let expires_at = budget.and_then(|(budget, _)| self.now?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
         let ticket = self.enqueue(bucket, demand, client, class, rung, payload);
-        if displaced || self.ladder_ages() {
+        if displaced || self.ladder.ages() {
             // A displaced head uncovers the next, and aging reorders heads.
             self.dequeue();
         }
@@ -457,98 +386,6 @@ impl<T> State<T> {
         self.offered.push(slot);
     }
 
-    /// Counts into the tally of band `rung` of `key`'s bucket, when bands
-    /// are configured (otherwise there are no band tallies: priorities are
-    /// unbounded, and so would be the tallies).
-    #[inline]
-    fn count_band(&mut self, key: BucketKey, rung: i64, count: impl FnOnce(&mut BandTally)) {
-        let configured = self.ladder.configured_bands();
-        if configured == 0 {
-            return;
-        }
-        let tallies = &mut self.bucket_mut(key).bands;
-        if tallies.len() < configured {
-            tallies.resize(configured, BandTally::default());
-        }
-        // With bands configured, a rung is the index of its band.
-        count(&mut tallies[rung as usize]);
-    }
-
-    /// Whether waiting requests' bands rise with time.
-    fn ladder_ages(&self) -> bool {
-        self.ladder.ages()
-    }
-
-    /// Counts a rejection of a request of `bucket` that arrived in band
-    /// `rung`, and says whom it concerns.
-    fn reject(
-        &mut self,
-        bucket: BucketKey,
-        rung: i64,
-        reason: RejectionReason,
-        client: bool,
-    ) -> Overloaded {
-        self.count_band(bucket, rung, |band| band.rejected += 1);
-        let scope = self.rejection_scope(bucket);
-        let expired = u64::from(reason == RejectionReason::Deadline);
-        let displaced = u64::from(reason == RejectionReason::Displaced);
-        let tally = &mut self.bucket_mut(bucket).tally;
-        match scope {
-            RejectionScope::Rank(_) => {
-                tally.rejected_rank += 1;
-                tally.expired_rank += expired;
-                tally.displaced_rank += displaced;
-            }
-            RejectionScope::Worker => {
-                tally.rejected_worker += 1;
-                tally.expired_worker += expired;
-                tally.displaced_worker += displaced;
-            }
-        }
-        Overloaded {
-            scope,
-            reason,
-            client_deadline: client,
-        }
-    }
-
-    /// A request's queue wait budget, the smallest of the client's own
-    /// deadline, the queue wait limit, and the time-to-first-token objective
-    /// less the mean engine waiting time; and whether the client's deadline
-    /// is the smallest. A gate that keeps no time honours the client's
-    /// deadline alone (the driver then gives the arrival its time).
-    fn budget(&self, deadline: Option<Duration>) -> Option<(Duration, bool)> {
-        let mut budget = deadline.map(|deadline| (deadline, true));
-        if !self.timed {
-            // Only the client's deadline, timed from this arrival.
-            return budget.filter(|_| self.now.is_some());
-        }
-        let mut consider = |server: Duration| {
-            if budget.is_none_or(|(smallest, _)| server < smallest) {
-                budget = Some((server, false));
-            }
-        };
-        if let Some(limit) = self.config.request_queue_wait_limit {
-            consider(limit);
-        }
-        if let Some(objective) = self.config.ttft_objective {
-            let waiting = Duration::from_secs_f64(self.mean_wait.unwrap_or(0.0));
-            consider(objective.saturating_sub(waiting));
-        }
-        budget
-    }
-
-    /// How long a request joining `bucket`'s queue at `rung` now would
-    /// wait: the requests ahead of it (those of its band and higher ones;
-    /// lower bands wait behind it) and itself, at the rate the queue has
-    /// drained. `None` before a rate has been measured.
-    fn predicted_wait(&self, bucket: BucketKey, rung: i64) -> Option<Duration> {
-        let bucket = self.bucket(bucket);
-        let interval = bucket.drain_interval?;
-        let ahead = bucket.queue.at_or_above(rung) as f64;
-        Some(Duration::from_secs_f64((ahead + 1.0) * interval))
-    }
-
     /// The queue wait budget of the request of `ticket` ran out. Still
     /// queued, it leaves its queue and is rejected for its deadline; already
     /// offered an admission, the admission stands (its capacity is held,
@@ -570,7 +407,7 @@ impl<T> State<T> {
         let overloaded = self.reject(bucket, rung, RejectionReason::Deadline, client);
         // A head that leaves uncovers the next, which may fit.
         self.dequeue();
-        Expiry::Rejected(overloaded, self.label(bucket))
+        Expiry::Rejected(overloaded, bucket.rank())
     }
 
     /// The waiter of `ticket` looks at its request. An offered admission is
@@ -607,7 +444,9 @@ impl<T> State<T> {
         if self.live(ticket).is_none() {
             return Err(());
         }
-        let rank = self.ticket_rank(ticket);
+        // The rank a live ticket's request is counted under (`None` when
+        // unranked, or once its rank vanished).
+        let rank = self.held_bucket_of(ticket.slot).rank();
         if matches!(self.entries[ticket.slot].status, Status::Queued) {
             let bucket = self.entries[ticket.slot].bucket;
             let (queue, entries) = self.queue_and_entries(bucket);
@@ -623,7 +462,8 @@ impl<T> State<T> {
                 self.dequeue();
             }
             Status::Offered(mut grant) => {
-                self.bucket_of_held_mut(grant.held).tally.cancelled += 1;
+                let key = self.current_bucket(grant.held);
+                self.bucket_mut(key).tally.cancelled += 1;
                 self.release(&mut grant, true);
             }
             // Already counted as rejected; the waiter gave up before
@@ -690,7 +530,7 @@ impl<T> State<T> {
         for slot in offered.drain(..) {
             // An offered entry stays in the slab until polled or cancelled,
             // and neither can happen before the driver drains.
-            let rank = self.label(self.held_bucket_of(slot));
+            let rank = self.held_bucket_of(slot).rank();
             visit(rank, &mut self.entries[slot].payload);
         }
         // A capacity jump can offer a whole queue at once; don't keep that
@@ -706,160 +546,6 @@ impl<T> State<T> {
         !self.offered.is_empty()
     }
 
-    /// The rank a live ticket's request is counted under (`None` when
-    /// unranked, or once its rank vanished).
-    fn ticket_rank(&self, ticket: Ticket) -> Option<u32> {
-        self.label(self.held_bucket_of(ticket.slot))
-    }
-
-    /// The rank a grant's capacity is counted under now (`None` once its
-    /// rank vanished, or when unranked).
-    pub(crate) fn grant_rank(&self, grant: &Grant) -> Option<u32> {
-        self.label(self.current_bucket(grant.held))
-    }
-
-    /// The rank requests for `rank` are counted under right now.
-    pub(crate) fn recognised(&self, rank: Option<u32>) -> Option<u32> {
-        self.label(self.recognise(rank))
-    }
-
-    /// Counts and tally of the bucket of a recognised rank (`None`: the
-    /// unranked requests), for observers.
-    ///
-    /// The age of its oldest queued request is left out (`None`): the
-    /// state keeps no clock. The driver measures it from
-    /// [`oldest_queued`](Self::oldest_queued) once it has left its lock.
-    #[inline]
-    pub(crate) fn view(&self, rank: Option<u32>) -> BucketView {
-        let bucket = match rank {
-            Some(rank) => &self.ranks[rank as usize],
-            None => &self.unranked,
-        };
-        BucketView {
-            rank,
-            counts: bucket.counts,
-            tally: bucket.tally,
-            bands: self.band_views(bucket),
-            oldest_wait: None,
-        }
-    }
-
-    /// Every rank ever recognised, vanished ones included (they keep their
-    /// tallies): observers see `0..known_ranks()`.
-    pub(crate) fn known_ranks(&self) -> usize {
-        self.ranks.len()
-    }
-
-    /// Each configured band of `bucket`, lowest first: its queued requests
-    /// and its tally. `None` without configured bands.
-    #[inline]
-    fn band_views(&self, bucket: &Bucket) -> Option<Box<[BandView]>> {
-        let configured = self.ladder.configured_bands();
-        if configured == 0 {
-            return None;
-        }
-        Some(self.configured_band_views(bucket, configured))
-    }
-
-    fn configured_band_views(&self, bucket: &Bucket, configured: usize) -> Box<[BandView]> {
-        let mut bands = vec![BandView::default(); configured];
-        for (band, tally) in bands.iter_mut().zip(&bucket.bands) {
-            band.tally = *tally;
-        }
-        // With bands configured, a rung is the index of its band.
-        for (rung, queued) in bucket.queue.band_lengths() {
-            bands[rung as usize].queued = queued;
-        }
-        bands.into_boxed_slice()
-    }
-
-    /// The request that has waited longest in the queue of a recognised
-    /// rank's bucket (`None`: the unranked requests), if any is queued:
-    /// when it was queued, if the gate keeps time, and its payload (where
-    /// a driver that does not keep time may have noted its arrival).
-    #[inline]
-    pub(crate) fn oldest_queued(&self, rank: Option<u32>) -> Option<(Option<Instant>, &T)> {
-        let bucket = match rank {
-            Some(rank) => &self.ranks[rank as usize],
-            None => &self.unranked,
-        };
-        if bucket.queue.is_empty() {
-            return None;
-        }
-        let slot = bucket.queue.oldest(&self.entries)?;
-        let entry = &self.entries[slot];
-        Some((entry.node.queued_at, &entry.payload))
-    }
-
-    /// Numbers the event just applied, for observers: later events get
-    /// higher numbers.
-    pub(crate) fn next_event(&mut self) -> u64 {
-        self.events += 1;
-        self.events
-    }
-
-    pub(crate) fn limits(&self) -> Limits {
-        self.limits
-    }
-
-    pub(crate) fn capacity(&self) -> Option<EngineCapacity> {
-        self.capacity
-    }
-
-    /// The limits in force, per rank and combined, with their sources.
-    pub(crate) fn limits_in_force(&self) -> LimitsInForce {
-        LimitsInForce {
-            per_rank: self.limits,
-            ranks: self.recognised_ranks().max(1),
-            capacity: self.capacity,
-            sources: self.config.sources,
-        }
-    }
-
-    /// The ranks currently recognised (0 before the first report).
-    pub(crate) fn recognised_ranks(&self) -> usize {
-        if self.capacity.is_some() {
-            self.active_ranks
-        } else {
-            0
-        }
-    }
-
-    pub(crate) fn total(&self) -> Counts {
-        self.total
-    }
-
-    pub(crate) fn unranked_counts(&self) -> Counts {
-        self.unranked.counts
-    }
-
-    pub(crate) fn rank_counts(&self) -> impl Iterator<Item = Counts> + '_ {
-        self.active_buckets().map(|bucket| bucket.counts)
-    }
-
-    pub(crate) fn unranked_tally(&self) -> Tally {
-        self.unranked.tally
-    }
-
-    /// Tallies of every rank ever recognised, active or vanished.
-    pub(crate) fn rank_tallies(&self) -> impl Iterator<Item = Tally> + '_ {
-        self.ranks.iter().map(|bucket| bucket.tally)
-    }
-
-    pub(crate) fn tally(&self) -> Tally {
-        let mut tally = self.unranked.tally;
-        for bucket in &self.ranks {
-            tally.add(&bucket.tally);
-        }
-        tally
-    }
-
-    /// Queued requests plus offers not yet handed over.
-    #[cfg(test)]
-    pub(crate) fn pending(&self) -> usize {
-        self.entries.len()
-    }
-
     // ----- internals ----------------------------------------------------
 
     /// The entry of a ticket, unless the ticket is stale.
@@ -867,229 +553,6 @@ impl<T> State<T> {
         self.entries
             .get(ticket.slot)
             .filter(|entry| entry.node.seq == ticket.seq)
-    }
-
-    fn label(&self, key: BucketKey) -> Option<u32> {
-        match key {
-            BucketKey::Unranked => None,
-            BucketKey::Rank(rank) => Some(rank),
-        }
-    }
-
-    /// The bucket a live entry is counted in: its queue's, or, once
-    /// offered, its grant's.
-    fn held_bucket_of(&self, slot: Slot) -> BucketKey {
-        let entry = &self.entries[slot];
-        match &entry.status {
-            Status::Queued | Status::Displaced(_) => entry.bucket,
-            Status::Offered(grant) => self.current_bucket(grant.held),
-        }
-    }
-
-    fn recognise(&self, rank: Option<u32>) -> BucketKey {
-        match rank {
-            Some(rank) if self.capacity.is_some() && (rank as usize) < self.active_ranks => {
-                BucketKey::Rank(rank)
-            }
-            _ => BucketKey::Unranked,
-        }
-    }
-
-    fn bucket(&self, key: BucketKey) -> &Bucket {
-        match key {
-            BucketKey::Unranked => &self.unranked,
-            BucketKey::Rank(rank) => &self.ranks[rank as usize],
-        }
-    }
-
-    fn bucket_mut(&mut self, key: BucketKey) -> &mut Bucket {
-        match key {
-            BucketKey::Unranked => &mut self.unranked,
-            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
-        }
-    }
-
-    /// The worker's total and a bucket's counts, to change both alike.
-    fn total_and(&mut self, key: BucketKey) -> [&mut Counts; 2] {
-        let bucket = match key {
-            BucketKey::Unranked => &mut self.unranked,
-            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
-        };
-        [&mut self.total, &mut bucket.counts]
-    }
-
-    fn active_buckets(&self) -> impl Iterator<Item = &Bucket> + '_ {
-        self.ranks.iter().take(if self.capacity.is_some() {
-            self.active_ranks
-        } else {
-            0
-        })
-    }
-
-    /// The bucket a grant's capacity is counted in now: its own rank's, or
-    /// the unranked one if that rank vanished since.
-    fn current_bucket(&self, held: Held) -> BucketKey {
-        match held.bucket {
-            BucketKey::Rank(rank)
-                if (rank as usize) < self.active_ranks
-                    && self.ranks[rank as usize].generation == held.generation =>
-            {
-                held.bucket
-            }
-            _ => BucketKey::Unranked,
-        }
-    }
-
-    fn bucket_of_held_mut(&mut self, held: Held) -> &mut Bucket {
-        let key = self.current_bucket(held);
-        self.bucket_mut(key)
-    }
-
-    /// Whether `demand` fits the engine limits of `key`'s rank (if ranked)
-    /// and the combined ones.
-    fn engine_fits(&self, key: BucketKey, demand: Demand) -> bool {
-        let limits = self.limits;
-        let fits = |counts: &Counts, ranks: usize| {
-            let combined = |per_rank: usize| per_rank.saturating_mul(ranks);
-            let tokens = |per_rank: Option<usize>| per_rank.map(combined);
-            counts.engine_requests < combined(limits.engine_request_limit)
-                && counts.engine_waiting < combined(limits.engine_request_waiting_limit)
-                && tokens_fit(
-                    counts.engine_waiting_tokens,
-                    demand.prompt_tokens,
-                    tokens(limits.engine_waiting_token_limit),
-                )
-                && tokens_fit(
-                    counts.engine_tokens,
-                    demand.engine_tokens,
-                    tokens(limits.engine_token_limit),
-                )
-        };
-        fits(&self.total, self.active_ranks)
-            && match key {
-                BucketKey::Unranked => true,
-                BucketKey::Rank(_) => fits(&self.bucket(key).counts, 1),
-            }
-    }
-
-    /// Whether `demand` fits the queue limits of `key`'s rank (if ranked)
-    /// and the combined ones.
-    fn queue_fits(&self, key: BucketKey, demand: Demand) -> bool {
-        self.queue_fits_after(key, demand, &Counts::default())
-    }
-
-    /// Whether `demand` would fit the queue limits of `key`'s rank (if
-    /// ranked) and the combined ones once the `freed` queued requests of
-    /// `key` left.
-    fn queue_fits_after(&self, key: BucketKey, demand: Demand, freed: &Counts) -> bool {
-        let limits = self.limits;
-        let fits = |counts: &Counts, ranks: usize| {
-            let queued = counts.queued - freed.queued;
-            let queued_tokens = counts.queued_tokens - freed.queued_tokens;
-            queued < limits.request_queue_limit.saturating_mul(ranks)
-                && tokens_fit(
-                    queued_tokens,
-                    demand.prompt_tokens,
-                    limits
-                        .request_queue_token_limit
-                        .map(|per_rank| per_rank.saturating_mul(ranks)),
-                )
-        };
-        fits(&self.total, self.active_ranks)
-            && match key {
-                BucketKey::Unranked => true,
-                BucketKey::Rank(_) => fits(&self.bucket(key).counts, 1),
-            }
-    }
-
-    /// Could a request of this bucket (of no known cost) be admitted or
-    /// queued right now?
-    fn accepts(&self, key: BucketKey) -> bool {
-        let plain = Demand::default();
-        (self.bucket(key).queue.is_empty() && self.engine_fits(key, plain))
-            || self.queue_fits(key, plain)
-    }
-
-    /// A rejection names the rank while the worker could still admit or
-    /// queue some other request; otherwise the whole worker is overloaded.
-    /// Unranked rejections are always worker-scoped.
-    fn rejection_scope(&self, rejected: BucketKey) -> RejectionScope {
-        let BucketKey::Rank(rank) = rejected else {
-            return RejectionScope::Worker;
-        };
-        let others_accept = self.accepts(BucketKey::Unranked)
-            || (0..self.recognised_ranks() as u32)
-                .filter(|&other| other != rank)
-                .any(|other| self.accepts(BucketKey::Rank(other)));
-        if others_accept {
-            RejectionScope::Rank(rank)
-        } else {
-            RejectionScope::Worker
-        }
-    }
-
-    /// Counts `demand` against `key` and returns the grant holding it.
-    fn charge(&mut self, key: BucketKey, demand: Demand, source: AdmitSource) -> Grant {
-        for counts in self.total_and(key) {
-            counts.engine_requests += 1;
-            counts.engine_waiting += 1;
-            counts.engine_tokens += demand.engine_tokens;
-            counts.engine_waiting_tokens += demand.prompt_tokens;
-        }
-        let (rank, generation) = match key {
-            BucketKey::Unranked => (None, 0),
-            BucketKey::Rank(rank) => (Some(rank), self.ranks[rank as usize].generation),
-        };
-        Grant {
-            held: Held {
-                bucket: key,
-                generation,
-            },
-            demand,
-            admitted_at: if self.timed { self.now } else { None },
-            rank,
-            source,
-            holds_request: true,
-            holds_waiting: true,
-        }
-    }
-
-    /// Releases the waiting capacity of `grant`, and with `finished` its
-    /// request capacity too; whatever was already released is not released
-    /// again. Freed capacity goes to the queue at once.
-    fn release(&mut self, grant: &mut Grant, finished: bool) {
-        let waiting = std::mem::take(&mut grant.holds_waiting);
-        let request = finished && std::mem::take(&mut grant.holds_request);
-        if !waiting && !request {
-            return;
-        }
-        if waiting {
-            if let (Some(admitted_at), Some(now)) = (grant.admitted_at, self.now) {
-                let waited = now.saturating_duration_since(admitted_at).as_secs_f64();
-                self.mean_wait = Some(moving_average(self.mean_wait, waited));
-            }
-        }
-        let key = self.current_bucket(grant.held);
-        let demand = grant.demand;
-        for counts in self.total_and(key) {
-            if waiting {
-                counts.engine_waiting -= 1;
-                counts.engine_waiting_tokens -= demand.prompt_tokens;
-            }
-            if request {
-                counts.engine_requests -= 1;
-                counts.engine_tokens -= demand.engine_tokens;
-            }
-        }
-        self.dequeue();
-    }
-
-    /// Takes a request of `demand` off `key`'s queue counts.
-    fn unqueue(&mut self, key: BucketKey, demand: Demand) {
-        for counts in self.total_and(key) {
-            counts.queued -= 1;
-            counts.queued_tokens -= demand.prompt_tokens;
-        }
     }
 
     fn enqueue(
@@ -1105,7 +568,7 @@ impl<T> State<T> {
         self.next_seq += 1;
         if self.bucket(key).queue.is_empty() && self.timed {
             // The queue starts to drain now, not at its last admission.
-            self.bucket_mut(key).drain_mark = self.now;
+            self.bucket_mut(key).drain_mark = self.event_time();
         }
         let weight = class
             .tenant
@@ -1113,7 +576,7 @@ impl<T> State<T> {
             .unwrap_or(1);
         // Fair shares are by tokens when the cost is known, else by requests.
         let service = demand.engine_tokens.max(1) as u64;
-        let queued_at = if self.timed { self.now } else { None };
+        let queued_at = self.event_time();
         let node = Node::new(seq, rung, class.tenant, service, weight, queued_at);
         let slot = self.entries.insert(Entry {
             node,
@@ -1130,15 +593,6 @@ impl<T> State<T> {
             counts.queued_tokens += demand.prompt_tokens;
         }
         Ticket { slot, seq }
-    }
-
-    /// A bucket's queue and the entries it links, to change both.
-    fn queue_and_entries(&mut self, key: BucketKey) -> (&mut Queue, &mut Slab<Entry<T>>) {
-        let bucket = match key {
-            BucketKey::Unranked => &mut self.unranked,
-            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
-        };
-        (&mut bucket.queue, &mut self.entries)
     }
 
     /// Admits the first queue head in service order that fits, while one
@@ -1183,40 +637,12 @@ impl<T> State<T> {
         queue.remove(entries, slot, true);
         let demand = self.entries[slot].demand;
         self.unqueue(key, demand);
-        if let Some(now) = self.now.filter(|_| self.timed) {
-            let bucket = self.bucket_mut(key);
-            if let Some(mark) = bucket.drain_mark {
-                let interval = now.saturating_duration_since(mark).as_secs_f64();
-                bucket.drain_interval = Some(moving_average(bucket.drain_interval, interval));
-            }
-            bucket.drain_mark = Some(now);
+        if let Some(now) = self.event_time() {
+            self.bucket_mut(key).drained_at(now);
         }
         let grant = self.charge(key, demand, AdmitSource::Queue);
         self.entries[slot].status = Status::Offered(grant);
         self.offered.push(slot);
-    }
-
-    /// A rank vanished: capacity held on it and its queue move to the
-    /// unranked bucket; the queue merges into the unranked queue by age.
-    fn retire_rank(&mut self, rank: u32) {
-        let bucket = &mut self.ranks[rank as usize];
-        let counts = std::mem::take(&mut bucket.counts);
-        let mut queue = std::mem::take(&mut bucket.queue);
-        bucket.generation = bucket.generation.wrapping_add(1);
-        self.unranked.counts.add(&counts);
-
-        let mut moved = queue.take_all(&self.entries);
-        if moved.is_empty() {
-            return;
-        }
-        // Requeue both queues together in arrival order; fair shares start
-        // afresh.
-        moved.append(&mut self.unranked.queue.take_all(&self.entries));
-        moved.sort_by_key(|&slot| self.entries[slot].node.seq);
-        for slot in moved {
-            self.entries[slot].bucket = BucketKey::Unranked;
-            self.unranked.queue.push(&mut self.entries, slot);
-        }
     }
 
     /// Gives back the slab's memory once nothing waits, so a burst of queued

@@ -1,0 +1,96 @@
+//! Time, queue-wait budgets and drain-rate prediction.
+//!
+//! The state never reads a clock: the driver tells it the time of the
+//! event it is about to apply ([`State::advance`]), and only when the gate
+//! keeps time (deadlines or aging are on: `timed`). Every part of the
+//! state that records a time reads it through [`State::event_time`], which
+//! is `None` for a gate that keeps no time.
+//!
+//! # Invariants
+//!
+//! * A request's budget is the smallest of the client's deadline, the
+//!   queue wait limit and the first-token objective less the mean engine
+//!   waiting time; a gate that keeps no time honours the client's deadline
+//!   alone, from the arrival's own time.
+//! * A bucket's drain interval is measured only between queue admissions
+//!   while its queue is not empty (the mark is reset when the queue starts
+//!   to fill), so an idle queue does not look slow.
+//! * A prediction counts only the requests that would go before the
+//!   arrival (its band and higher ones), and is `None` until a rate was
+//!   measured: an arrival is never rejected on a guess.
+
+use std::time::{Duration, Instant};
+
+use super::State;
+use super::buckets::Bucket;
+
+/// A moving average that weighs the latest sample by a fifth.
+pub(super) fn moving_average(average: Option<f64>, sample: f64) -> f64 {
+    const WEIGHT: f64 = 0.2;
+    match average {
+        Some(average) => average + WEIGHT * (sample - average),
+        None => sample,
+    }
+}
+
+impl<T> State<T> {
+    /// The time of the events that follow, for a gate that keeps time.
+    pub(crate) fn advance(&mut self, now: Instant) {
+        self.now = Some(now);
+    }
+
+    /// The time the last [`advance`](Self::advance) gave, when the gate
+    /// keeps time: the time of the event just applied, if the driver
+    /// advanced for it.
+    pub(crate) fn event_time(&self) -> Option<Instant> {
+        self.now.filter(|_| self.timed)
+    }
+
+    /// A request's queue wait budget, the smallest of the client's own
+    /// deadline, the queue wait limit, and the time-to-first-token objective
+    /// less the mean engine waiting time; and whether the client's deadline
+    /// is the smallest. A gate that keeps no time honours the client's
+    /// deadline alone (the driver then gives the arrival its time).
+    pub(super) fn budget(&self, deadline: Option<Duration>) -> Option<(Duration, bool)> {
+        let mut budget = deadline.map(|deadline| (deadline, true));
+        if !self.timed {
+            // Only the client's deadline, timed from this arrival.
+            return budget.filter(|_| self.now.is_some());
+        }
+        let mut consider = |server: Duration| {
+            if budget.is_none_or(|(smallest, _)| server < smallest) {
+                budget = Some((server, false));
+            }
+        };
+        if let Some(limit) = self.config.request_queue_wait_limit {
+            consider(limit);
+        }
+        if let Some(objective) = self.config.ttft_objective {
+            let waiting = Duration::from_secs_f64(self.mean_wait.unwrap_or(0.0));
+            consider(objective.saturating_sub(waiting));
+        }
+        budget
+    }
+}
+
+impl Bucket {
+    /// How long a request joining this bucket's queue at `rung` now would
+    /// wait: the requests ahead of it (those of its band and higher ones;
+    /// lower bands wait behind it) and itself, at the rate the queue has
+    /// drained. `None` before a rate has been measured.
+    pub(super) fn predicted_wait(&self, rung: i64) -> Option<Duration> {
+        let interval = self.drain_interval?;
+        let ahead = self.queue.at_or_above(rung) as f64;
+        Some(Duration::from_secs_f64((ahead + 1.0) * interval))
+    }
+
+    /// A request was admitted from the queue at `now`: the interval since
+    /// the last mark is a sample of the drain rate, and `now` the next mark.
+    pub(super) fn drained_at(&mut self, now: Instant) {
+        if let Some(mark) = self.drain_mark {
+            let interval = now.saturating_duration_since(mark).as_secs_f64();
+            self.drain_interval = Some(moving_average(self.drain_interval, interval));
+        }
+        self.drain_mark = Some(now);
+    }
+}

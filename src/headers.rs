@@ -1,0 +1,65 @@
+//! Reading request and response headers: the one place where a header's
+//! value is found (present exactly once, or not at all) and where the
+//! header formats the crate shares between its sides are parsed. A leaf:
+//! it imports nothing of the crate, so the server side ([`http`](crate::http))
+//! and the frontend side (`route`) both stand on it.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// gRPC's request header carrying the client's deadline.
+pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// The value of header `name` when it is present exactly once: a repeated
+/// header is ambiguous, and every header this crate reads (rank, cost,
+/// deadline, priority, tenant) then falls back to its default.
+pub(crate) fn single_value<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> Option<&'a HeaderValue> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    values.next().is_none().then_some(value)
+}
+
+/// A `grpc-timeout` value: one to eight ASCII digits and a unit (`H`, `M`,
+/// `S`, `m`, `u`, `n`), as the gRPC over HTTP/2 protocol defines it;
+/// `None` for anything else.
+pub(crate) fn parse_grpc_timeout(value: impl AsRef<[u8]>) -> Option<Duration> {
+    let (&unit, digits) = value.as_ref().split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let amount = digits
+        .iter()
+        .fold(0u64, |amount, digit| amount * 10 + u64::from(digit - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(amount * 3600),
+        b'M' => Duration::from_secs(amount * 60),
+        b'S' => Duration::from_secs(amount),
+        b'm' => Duration::from_millis(amount),
+        b'u' => Duration::from_micros(amount),
+        b'n' => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_header_has_no_single_value() {
+        let name = HeaderName::from_static("x-dp-rank");
+        let mut headers = HeaderMap::new();
+        assert_eq!(single_value(&headers, &name), None);
+        headers.insert(&name, HeaderValue::from_static("1"));
+        assert_eq!(
+            single_value(&headers, &name),
+            Some(&HeaderValue::from_static("1"))
+        );
+        headers.append(&name, HeaderValue::from_static("2"));
+        assert_eq!(single_value(&headers, &name), None);
+    }
+}

@@ -1,0 +1,135 @@
+//! What the simulated experiments share ([`sweep`](super::sweep) and
+//! [`qos`](super::qos)): the latency objectives of a good request, a
+//! percentile over censored samples, and asking the gate on the
+//! simulator's clock.
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::engine::Request;
+use super::time;
+use crate::{Cost, Descriptor, Gate, Permit};
+
+/// Latency objectives of a good request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slo {
+    /// Time to first token, from the first send.
+    pub ttft: Duration,
+    /// Time per output token: the mean gap between tokens after the first.
+    pub tpot: Duration,
+}
+
+impl Default for Slo {
+    /// TTFT ≤ 10 s, TPOT ≤ 100 ms (see the [sweep's docs](super::sweep)).
+    fn default() -> Self {
+        Slo {
+            ttft: Duration::from_secs(10),
+            tpot: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A latency percentile. When some requests had not had their first token
+/// when the run ended, their latency is only known to be at least the time
+/// they had waited; a percentile that depends on such a lower bound is
+/// itself a lower bound, marked `at_least`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Percentile {
+    /// The value (a lower bound if `at_least`).
+    pub value: Duration,
+    /// Whether the true value may be larger.
+    pub at_least: bool,
+}
+
+impl Percentile {
+    /// The `quantile` (0..=1, nearest rank) of `samples`, each a value and
+    /// whether it is only a lower bound. `None` without samples.
+    pub(crate) fn of(samples: &mut [(Duration, bool)], quantile: f64) -> Option<Percentile> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort();
+        let rank = ((quantile * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+        let below = &samples[..rank];
+        Some(Percentile {
+            value: below[rank - 1].0,
+            at_least: below.iter().any(|&(_, censored)| censored),
+        })
+    }
+}
+
+impl fmt::Display for Percentile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let prefix = if self.at_least { ">" } else { "" };
+        let seconds = self.value.as_secs_f64();
+        let text = if seconds < 1.0 {
+            format!("{prefix}{:.0} ms", seconds * 1e3)
+        } else {
+            format!("{prefix}{seconds:.1} s")
+        };
+        f.pad(&text)
+    }
+}
+
+/// What the gate is told of `request`: its rank, and its cost (prompt
+/// tokens and, as `max_tokens`, its output length).
+pub(crate) fn descriptor_of(request: Request) -> Descriptor {
+    Descriptor::new()
+        .with_rank(request.rank)
+        .with_cost(Cost::new(
+            request.prompt_tokens,
+            Some(request.output_tokens),
+        ))
+}
+
+/// Asks the gate to admit `descriptor`. When the request is queued with a
+/// wait budget, a timer on the simulator's clock expires it, as a server
+/// does with its own timer: the gate keeps none.
+pub(crate) async fn acquire(
+    gate: &Gate,
+    descriptor: Descriptor,
+) -> Result<Permit, crate::Overloaded> {
+    let mut acquire = gate.acquire_with(descriptor);
+    let Some(expires_at) = acquire.expires_at() else {
+        return acquire.await;
+    };
+    match time::timeout_at(Instant::from_std(expires_at), &mut acquire).await {
+        Some(outcome) => outcome,
+        None => {
+            // Rejected for its deadline, unless an admission was offered
+            // meanwhile: the Acquire tells which.
+            acquire.expire();
+            acquire.await
+        }
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while these locks are held.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_percentile_over_censored_samples_is_a_lower_bound() {
+        let ms = Duration::from_millis;
+        let mut samples = vec![(ms(10), false), (ms(20), false), (ms(15), true)];
+        assert_eq!(
+            Percentile::of(&mut samples, 0.3),
+            Some(Percentile {
+                value: ms(10),
+                at_least: false
+            })
+        );
+        let median = Percentile::of(&mut samples, 0.5).unwrap();
+        assert_eq!((median.value, median.at_least), (ms(15), true));
+        assert_eq!(median.to_string(), ">15 ms");
+        assert_eq!(Percentile::of(&mut [], 0.5), None);
+    }
+}

@@ -1,0 +1,288 @@
+//! One evaluation in virtual time: each traffic shape's capacity measured,
+//! then every policy run against it, clients and their ledger.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::super::engine::{Request, SimEngine};
+use super::super::measure::{self, lock};
+use super::super::sweep::{self, SweepConfig};
+use super::super::time::{self, VirtualRuntime};
+use super::super::workload::{Lengths, Workload};
+use super::*;
+use crate::{Descriptor, Gate, Permit, Tenant};
+
+/// Measures each traffic shape's capacity, then runs every policy,
+/// `config.threads` at a time.
+pub fn run(config: &QosConfig) -> Evaluation {
+    let capacities = capacities(config);
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(vec![None; config.policies.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..config.threads.clamp(1, config.policies.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&policy) = config.policies.get(index) else {
+                        break;
+                    };
+                    let run = VirtualRuntime::new().block_on(simulate(config, &capacities, policy));
+                    lock(&results)[index] = Some(run);
+                }
+            });
+        }
+    });
+    let runs = results
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+        .into_iter()
+        .map(|run| run.expect("every policy ran"))
+        .collect();
+    Evaluation {
+        config: config.clone(),
+        capacities,
+        runs,
+    }
+}
+
+/// The engine's capacity for each traffic's shape alone (measured once per
+/// distinct shape): a closed loop keeps the engine full for a 10 s
+/// warm-up, then completions are counted for 30 s.
+fn capacities(config: &QosConfig) -> Vec<f64> {
+    let mut measured: Vec<((Lengths, Lengths), f64)> = Vec::new();
+    config
+        .traffic
+        .iter()
+        .map(|traffic| {
+            if let Some((_, capacity)) =
+                measured.iter().find(|(shape, _)| *shape == traffic.shape())
+            {
+                return *capacity;
+            }
+            let capacity = sweep::measure_capacity(&SweepConfig {
+                engine: config.engine.clone(),
+                prompt_tokens: traffic.prompt_tokens,
+                output_tokens: traffic.output_tokens,
+                warmup: Duration::from_secs(10),
+                window: Duration::from_secs(10),
+                seed: config.seed,
+                ..SweepConfig::default()
+            });
+            measured.push((traffic.shape(), capacity));
+            capacity
+        })
+        .collect()
+}
+
+/// The requests recorded in one run, and what ends it.
+#[derive(Default)]
+struct Ledger {
+    outcomes: Vec<Outcome>,
+    /// Recorded requests not yet finished or rejected.
+    open: usize,
+    /// Whether arrivals have gone past `record_until`.
+    recording_over: bool,
+}
+
+/// A client's handle on its line of the ledger.
+struct Entry {
+    ledger: Arc<Mutex<Ledger>>,
+    index: usize,
+    notify: Arc<Notify>,
+    start: Instant,
+}
+
+impl Entry {
+    fn note(&self, f: impl FnOnce(&mut Outcome, Duration)) {
+        let now = time::now() - self.start;
+        f(&mut lock(&self.ledger).outcomes[self.index], now);
+    }
+
+    fn resolve(&self) {
+        let mut ledger = lock(&self.ledger);
+        ledger.open -= 1;
+        if ledger.open == 0 && ledger.recording_over {
+            self.notify.notify_one();
+        }
+    }
+}
+
+async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run {
+    let engine = SimEngine::new(config.engine.clone());
+    let gate = policy.gate_config(config).map(|gate_config| {
+        let gate = Gate::new(gate_config);
+        engine.report_to(&gate);
+        gate
+    });
+    let start = time::now();
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let notify = Arc::new(Notify::new());
+    let record_until = start + config.record_until;
+
+    // One arrival task per traffic; all record into the same ledger.
+    let remaining = Arc::new(AtomicUsize::new(config.traffic.len()));
+    for (index, traffic) in config.traffic.iter().enumerate() {
+        let workload = Workload {
+            rate: traffic.load * capacities[index],
+            burstiness: 1.0,
+            prompt_tokens: traffic.prompt_tokens,
+            output_tokens: traffic.output_tokens,
+        };
+        let arrivals = workload.arrivals(config.seed ^ (index as u64).wrapping_mul(0x9e37_79b9));
+        let descriptor = if policy.uses_qos() {
+            Descriptor::new()
+                .with_priority(traffic.priority)
+                .with_tenant(Tenant::new(traffic.tenant))
+        } else {
+            Descriptor::new()
+        };
+        let traffic_start = start + traffic.start;
+        let (ledger, notify, engine, gate) = (
+            Arc::clone(&ledger),
+            Arc::clone(&notify),
+            engine.clone(),
+            gate.clone(),
+        );
+        let remaining = Arc::clone(&remaining);
+        time::spawn(async move {
+            let mut recording = true;
+            for arrival in arrivals {
+                let at = traffic_start + arrival.at;
+                time::sleep_until(at).await;
+                let request = Request {
+                    prompt_tokens: arrival.prompt_tokens,
+                    output_tokens: arrival.output_tokens,
+                    rank: None,
+                };
+                let entry = if at < record_until {
+                    let mut ledger_now = lock(&ledger);
+                    ledger_now.outcomes.push(Outcome {
+                        traffic: index,
+                        arrival: at - start,
+                        engine_tokens: request.prompt_tokens.max(1) + request.output_tokens.max(1),
+                        admitted: None,
+                        first_token: None,
+                        finished: None,
+                        tokens: 0,
+                        rejected: None,
+                    });
+                    ledger_now.open += 1;
+                    Some(Entry {
+                        ledger: Arc::clone(&ledger),
+                        index: ledger_now.outcomes.len() - 1,
+                        notify: Arc::clone(&notify),
+                        start,
+                    })
+                } else {
+                    if recording {
+                        recording = false;
+                        // The last traffic past the line ends the recording.
+                        if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
+                            let mut ledger_now = lock(&ledger);
+                            ledger_now.recording_over = true;
+                            if ledger_now.open == 0 {
+                                notify.notify_one();
+                            }
+                        }
+                    }
+                    None
+                };
+                let descriptor = descriptor.with_cost(measure::descriptor_of(request).cost);
+                time::spawn(client(
+                    engine.clone(),
+                    gate.clone(),
+                    request,
+                    descriptor,
+                    entry,
+                ));
+            }
+        });
+    }
+
+    let hard_end = record_until + config.drain;
+    loop {
+        {
+            let ledger = lock(&ledger);
+            if ledger.recording_over && ledger.open == 0 {
+                break;
+            }
+        }
+        if time::timeout_at(hard_end, notify.notified())
+            .await
+            .is_none()
+        {
+            break;
+        }
+    }
+    let end = time::now() - start;
+    let outcomes = std::mem::take(&mut lock(&ledger).outcomes);
+    let mut outcomes = outcomes;
+    outcomes.sort_by_key(|outcome| outcome.arrival);
+    Run {
+        policy,
+        outcomes,
+        end,
+        preemptions: engine.stats().preemptions,
+    }
+}
+
+/// One client: asks the gate (if any), sends its request to the engine
+/// and reads its tokens to the end, noting each step in its entry.
+async fn client(
+    engine: SimEngine,
+    gate: Option<Gate>,
+    request: Request,
+    descriptor: Descriptor,
+    entry: Option<Entry>,
+) {
+    let note = |f: &dyn Fn(&mut Outcome, Duration)| {
+        if let Some(entry) = &entry {
+            entry.note(f);
+        }
+    };
+    let mut permit: Option<Permit> = None;
+    if let Some(gate) = &gate {
+        match measure::acquire(gate, descriptor).await {
+            Ok(admitted) => permit = Some(admitted),
+            Err(overloaded) => {
+                note(&|outcome, now| outcome.rejected = Some((now, overloaded.reason())));
+                if let Some(entry) = &entry {
+                    entry.resolve();
+                }
+                return;
+            }
+        }
+    }
+    note(&|outcome, now| outcome.admitted = Some(now));
+    let Ok(mut stream) = engine.submit(request) else {
+        if let Some(entry) = &entry {
+            entry.resolve();
+        }
+        return;
+    };
+    let mut tokens = 0;
+    while let Some(token) = stream.next_token().await {
+        tokens += 1;
+        if tokens == 1 {
+            note(&|outcome, now| outcome.first_token = Some(now));
+            if let Some(permit) = &mut permit {
+                permit.first_token();
+            }
+        }
+        if token.last {
+            break;
+        }
+    }
+    drop(permit);
+    note(&|outcome, now| {
+        outcome.finished = Some(now);
+        outcome.tokens = tokens;
+    });
+    if let Some(entry) = &entry {
+        entry.resolve();
+    }
+}
