@@ -1017,3 +1017,74 @@ async fn the_binary_takes_its_capacity_from_the_flag_and_drains_on_sigterm() {
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("shutting down"), "{stderr}");
 }
+
+/// An engine that answers as vLLM's OpenAI server does to a client asking
+/// for its capacity: models `owned_by` vllm, and no capacity route.
+async fn vllm_like() -> (String, oneshot::Sender<()>) {
+    let app = Router::new().route(
+        "/v1/models",
+        get(|| async {
+            axum::Json(serde_json::json!({
+                "object": "list",
+                "data": [{"id": "m", "object": "model", "owned_by": "vllm", "max_model_len": 4096}],
+            }))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    (url, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_front_of_vllm_the_binary_requires_max_num_seqs() {
+    let (url, _stop) = vllm_like().await;
+    let upstream = Upstream::new(UpstreamUrl::parse(&url).unwrap(), options());
+    assert_eq!(
+        proxy::ask_engine(&upstream, Duration::from_secs(2)).await,
+        proxy::EngineReport::Silent(proxy::EngineKind::Vllm)
+    );
+
+    let binary = env!("CARGO_BIN_EXE_tower-admission");
+    let mut refused = support::Process::spawn(
+        binary.as_ref(),
+        &["--listen", "127.0.0.1:0", "--upstream", &url],
+        &[],
+    );
+    let (status, _, stderr) = tokio::task::spawn_blocking(move || refused.wait())
+        .await
+        .unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("vLLM") && stderr.contains("--max-num-seqs"),
+        "{stderr}"
+    );
+
+    let started = support::Process::spawn(
+        binary.as_ref(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &url,
+            "--max-num-seqs",
+            "8",
+        ],
+        &[],
+    );
+    let banner = started.wait_for_stdout("banner", |text| {
+        text.contains("admitted: POST").then(|| text.to_owned())
+    });
+    assert!(
+        banner.contains("capacity: from --max-num-seqs 8"),
+        "{banner}"
+    );
+}

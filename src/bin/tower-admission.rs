@@ -18,7 +18,8 @@ use std::time::Duration;
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tower_admission::proxy::{
-    self, DEFAULT_ADMIT_PATHS, DiscoveryTiming, Sidecar, Upstream, UpstreamOptions, UpstreamUrl,
+    self, DEFAULT_ADMIT_PATHS, DiscoveryTiming, EngineReport, Sidecar, Upstream, UpstreamOptions,
+    UpstreamUrl,
 };
 use tower_admission::{AdmissionArgs, EngineCapacity, Gate};
 
@@ -210,6 +211,19 @@ async fn main() -> ExitCode {
             capacity.max_num_seqs, capacity.dp_ranks
         ),
         None => {
+            // vLLM tells a client nothing of its max_num_seqs: without the
+            // flag the gate would stay at its 10000 defaults, admission
+            // control in name only. Refuse to start in front of one.
+            let first = proxy::ask_engine(&upstream, Duration::from_secs(2)).await;
+            if let EngineReport::Silent(kind) = first {
+                eprintln!(
+                    "error: the engine is {}: its capacity cannot be read; pass --max-num-seqs N \
+                     (the engine's own --max-num-seqs) and, for data parallelism, \
+                     --data-parallel-size N",
+                    kind.describe()
+                );
+                return ExitCode::FAILURE;
+            }
             let timing = DiscoveryTiming {
                 interval: Duration::from_millis(args.capacity_poll_interval_ms.get() as u64),
                 ..DiscoveryTiming::default()

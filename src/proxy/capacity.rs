@@ -70,16 +70,20 @@ pub(crate) enum Probe {
     Vllm,
 }
 
-/// What one probe's answer said.
+/// What the engine said of its capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reading {
+#[non_exhaustive]
+pub enum EngineReport {
     /// The engine and its capacity.
     Capacity(EngineKind, EngineCapacity),
     /// The engine is known, and says nothing of its capacity (vLLM).
     Silent(EngineKind),
-    /// Not this kind of engine, or a body that could not be read.
+    /// No answer that tells: the engine is down or loading, or of a kind
+    /// not known here.
     Unknown,
 }
+
+use EngineReport as Reading;
 
 impl Probe {
     pub(crate) fn read(self, body: &[u8]) -> Reading {
@@ -188,10 +192,11 @@ impl Default for DiscoveryTiming {
     }
 }
 
-pub(crate) use self::discovery::Discovery;
+pub(crate) use self::discovery::{Discovery, ask_engine};
 
 mod discovery {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use bytes::Bytes;
     use http::{Method, Request, StatusCode};
@@ -222,18 +227,13 @@ mod discovery {
 
     impl Discovery {
         pub(crate) async fn run(self) {
-            // A fresh connection per read, as for requests (see `Upstream`):
-            // a kept-alive one the engine closed would lose a read.
-            let client: Client<HttpConnector, Empty<Bytes>> =
-                Client::builder(hyper_util::rt::TokioExecutor::new())
-                    .pool_max_idle_per_host(0)
-                    .build_http();
+            let client = client();
             let mut last: Option<(EngineKind, EngineCapacity)> = None;
             let mut known: Option<Probe> = None;
             let mut said_silent = false;
             let mut said_waiting = false;
             loop {
-                let reading = self.read(&client, &mut known).await;
+                let reading = read(&client, &self.upstream, self.timing.timeout, &mut known).await;
                 match reading {
                     Reading::Capacity(kind, mut capacity) => {
                         if let Some(ranks) = self.ranks {
@@ -253,6 +253,9 @@ mod discovery {
                         }
                     }
                     Reading::Silent(kind) => {
+                        // The binary refuses to start in front of such an
+                        // engine; one that appears later (a restart into
+                        // another engine) is said loudly.
                         if !said_silent {
                             tracing::error!(
                                 "the engine is {}: the gate keeps its defaults; give \
@@ -288,69 +291,85 @@ mod discovery {
                 }
             }
         }
+    }
 
-        /// One round: the probe that answered last time, or each in turn.
-        async fn read(
-            &self,
-            client: &Client<HttpConnector, Empty<Bytes>>,
-            known: &mut Option<Probe>,
-        ) -> Reading {
-            if let Some(probe) = *known {
-                let path = PROBES
-                    .iter()
-                    .find(|(_, p)| *p == probe)
-                    .map(|(path, _)| *path);
-                if let Some(path) = path {
-                    let reading = self.ask(client, path, probe).await;
-                    if !matches!(reading, Reading::Unknown) {
-                        return reading;
-                    }
+    /// Asks the engine at `upstream` once, as [`Discovery`] does at each
+    /// round: every known route in turn, each read bounded by `timeout`.
+    pub(crate) async fn ask_engine(upstream: &UpstreamUrl, timeout: Duration) -> Reading {
+        read(&client(), upstream, timeout, &mut None).await
+    }
+
+    /// A fresh connection per read, as for requests (see `Upstream`): a
+    /// kept-alive one the engine closed would lose a read.
+    fn client() -> Client<HttpConnector, Empty<Bytes>> {
+        Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build_http()
+    }
+
+    /// One round: the probe that answered last time, or each in turn.
+    async fn read(
+        client: &Client<HttpConnector, Empty<Bytes>>,
+        upstream: &UpstreamUrl,
+        timeout: Duration,
+        known: &mut Option<Probe>,
+    ) -> Reading {
+        if let Some(probe) = *known {
+            let path = PROBES
+                .iter()
+                .find(|(_, p)| *p == probe)
+                .map(|(path, _)| *path);
+            if let Some(path) = path {
+                let reading = ask(client, upstream, timeout, path, probe).await;
+                if !matches!(reading, Reading::Unknown) {
+                    return reading;
                 }
-                *known = None;
             }
-            let mut silent = None;
-            for &(path, probe) in PROBES {
-                match self.ask(client, path, probe).await {
-                    Reading::Capacity(kind, capacity) => {
-                        *known = Some(probe);
-                        return Reading::Capacity(kind, capacity);
-                    }
-                    Reading::Silent(kind) => silent = Some(kind),
-                    Reading::Unknown => {}
-                }
-            }
-            silent.map_or(Reading::Unknown, Reading::Silent)
+            *known = None;
         }
-
-        async fn ask(
-            &self,
-            client: &Client<HttpConnector, Empty<Bytes>>,
-            path: &str,
-            probe: Probe,
-        ) -> Reading {
-            let Ok(uri) = self.upstream.join(path) else {
-                return Reading::Unknown;
-            };
-            let Ok(request) = Request::builder()
-                .method(Method::GET)
-                .uri(uri)
-                .body(Empty::new())
-            else {
-                return Reading::Unknown;
-            };
-            let answer = tokio::time::timeout(self.timing.timeout, async {
-                let response = client.request(request).await.ok()?;
-                if response.status() != StatusCode::OK {
-                    return None;
+        let mut silent = None;
+        for &(path, probe) in PROBES {
+            match ask(client, upstream, timeout, path, probe).await {
+                Reading::Capacity(kind, capacity) => {
+                    *known = Some(probe);
+                    return Reading::Capacity(kind, capacity);
                 }
-                let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES);
-                body.collect().await.ok().map(|body| body.to_bytes())
-            })
-            .await;
-            match answer {
-                Ok(Some(body)) => probe.read(&body),
-                _ => Reading::Unknown,
+                Reading::Silent(kind) => silent = Some(kind),
+                Reading::Unknown => {}
             }
+        }
+        silent.map_or(Reading::Unknown, Reading::Silent)
+    }
+
+    async fn ask(
+        client: &Client<HttpConnector, Empty<Bytes>>,
+        upstream: &UpstreamUrl,
+        timeout: Duration,
+        path: &str,
+        probe: Probe,
+    ) -> Reading {
+        let Ok(uri) = upstream.join(path) else {
+            return Reading::Unknown;
+        };
+        let Ok(request) = Request::builder()
+            .method(Method::GET)
+            .uri(uri)
+            .body(Empty::new())
+        else {
+            return Reading::Unknown;
+        };
+        let answer = tokio::time::timeout(timeout, async {
+            let response = client.request(request).await.ok()?;
+            if response.status() != StatusCode::OK {
+                return None;
+            }
+            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES);
+            body.collect().await.ok().map(|body| body.to_bytes())
+        })
+        .await;
+        match answer {
+            Ok(Some(body)) => probe.read(&body),
+            _ => Reading::Unknown,
         }
     }
 }

@@ -56,7 +56,7 @@ mod service;
 mod upstream;
 
 pub use self::body::{Body, BoxError};
-pub use self::capacity::{DiscoveryTiming, EngineKind};
+pub use self::capacity::{DiscoveryTiming, EngineKind, EngineReport};
 pub use self::serve::{HEADER_READ_TIMEOUT, MAX_CONCURRENT_STREAMS, serve};
 pub use self::service::{
     DEADLINE_HEADER, DEFAULT_ADMIT_PATHS, Drain, RenderMetrics, Sidecar, SidecarBuilder,
@@ -65,6 +65,14 @@ pub use self::upstream::{Upstream, UpstreamOptions, UpstreamUrl};
 pub use crate::http::ORIGIN;
 
 use crate::Gate;
+
+/// Asks the engine behind `upstream` once what it reports of its capacity
+/// (llama.cpp `/props`, SGLang `/server_info`, TGI `/info`, and vLLM's
+/// `/v1/models` to recognise an engine that reports nothing), each read
+/// bounded by `timeout`.
+pub async fn ask_engine(upstream: &Upstream, timeout: std::time::Duration) -> EngineReport {
+    capacity::ask_engine(upstream.url(), timeout).await
+}
 
 /// Asks the engine behind `upstream` for its capacity and reports it to
 /// `gate`, now and every [`DiscoveryTiming::interval`] after (every
