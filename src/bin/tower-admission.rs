@@ -149,8 +149,11 @@ fn overload_status(raw: &str) -> Result<http::StatusCode, String> {
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal, not for a log collector.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
 }
@@ -282,6 +285,7 @@ async fn main() -> ExitCode {
             "removed"
         },
     );
+    println!("limits in force: {}", gate.limits_in_force());
     println!("admitted: POST {}", paths.join(", "));
 
     let grace = Duration::from_secs(args.shutdown_grace_s);
