@@ -1114,7 +1114,15 @@ impl<T> State<T> {
         // Fair shares are by tokens when the cost is known, else by requests.
         let service = demand.engine_tokens.max(1) as u64;
         let queued_at = if self.timed { self.now } else { None };
-        let node = Node::new(seq, rung, class.tenant, service, weight, queued_at);
+        let node = Node::new(
+            seq,
+            rung,
+            class.tenant,
+            service,
+            weight,
+            queued_at,
+            &self.ladder,
+        );
         let slot = self.entries.insert(Entry {
             node,
             bucket: key,
