@@ -93,10 +93,14 @@ pub(crate) struct Demand {
 }
 
 impl Demand {
+    /// Tokens past this are counted as this: no engine has a context of
+    /// 2^32 tokens, and sums of clamped costs cannot overflow.
+    const MAX_TOKENS: usize = 1 << 32;
+
     pub(crate) fn of(cost: Cost) -> Demand {
         Demand {
-            prompt_tokens: cost.prompt_tokens,
-            engine_tokens: cost.engine_tokens(),
+            prompt_tokens: cost.prompt_tokens.min(Demand::MAX_TOKENS),
+            engine_tokens: cost.engine_tokens().min(Demand::MAX_TOKENS),
         }
     }
 }
@@ -435,7 +439,9 @@ impl<T> State<T> {
         for slot in queue.displaceable(&self.entries, rung) {
             victims.push(slot);
             freed.queued += 1;
-            freed.queued_tokens += self.entries[slot].demand.prompt_tokens;
+            freed.queued_tokens = freed
+                .queued_tokens
+                .saturating_add(self.entries[slot].demand.prompt_tokens);
             if self.queue_fits_after(bucket, demand, &freed) {
                 return Some(victims);
             }
@@ -985,7 +991,7 @@ impl<T> State<T> {
         let limits = self.limits;
         let fits = |counts: &Counts, ranks: usize| {
             let queued = counts.queued - freed.queued;
-            let queued_tokens = counts.queued_tokens - freed.queued_tokens;
+            let queued_tokens = counts.queued_tokens.saturating_sub(freed.queued_tokens);
             queued < limits.request_queue_limit.saturating_mul(ranks)
                 && tokens_fit(
                     queued_tokens,
@@ -1033,8 +1039,10 @@ impl<T> State<T> {
         for counts in self.total_and(key) {
             counts.engine_requests += 1;
             counts.engine_waiting += 1;
-            counts.engine_tokens += demand.engine_tokens;
-            counts.engine_waiting_tokens += demand.prompt_tokens;
+            counts.engine_tokens = counts.engine_tokens.saturating_add(demand.engine_tokens);
+            counts.engine_waiting_tokens = counts
+                .engine_waiting_tokens
+                .saturating_add(demand.prompt_tokens);
         }
         let (rank, generation) = match key {
             BucketKey::Unranked => (None, 0),
@@ -1074,11 +1082,13 @@ impl<T> State<T> {
         for counts in self.total_and(key) {
             if waiting {
                 counts.engine_waiting -= 1;
-                counts.engine_waiting_tokens -= demand.prompt_tokens;
+                counts.engine_waiting_tokens = counts
+                    .engine_waiting_tokens
+                    .saturating_sub(demand.prompt_tokens);
             }
             if request {
                 counts.engine_requests -= 1;
-                counts.engine_tokens -= demand.engine_tokens;
+                counts.engine_tokens = counts.engine_tokens.saturating_sub(demand.engine_tokens);
             }
         }
         self.dequeue();
@@ -1088,7 +1098,7 @@ impl<T> State<T> {
     fn unqueue(&mut self, key: BucketKey, demand: Demand) {
         for counts in self.total_and(key) {
             counts.queued -= 1;
-            counts.queued_tokens -= demand.prompt_tokens;
+            counts.queued_tokens = counts.queued_tokens.saturating_sub(demand.prompt_tokens);
         }
     }
 
@@ -1135,7 +1145,7 @@ impl<T> State<T> {
         queue.push(entries, slot);
         for counts in self.total_and(key) {
             counts.queued += 1;
-            counts.queued_tokens += demand.prompt_tokens;
+            counts.queued_tokens = counts.queued_tokens.saturating_add(demand.prompt_tokens);
         }
         Ticket { slot, seq }
     }
