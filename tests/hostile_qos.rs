@@ -68,7 +68,7 @@ fn live_bytes() -> usize {
     LIVE_BYTES.load(Ordering::Relaxed)
 }
 
-/// Live bytes are counted for the whole process: tests measure one at a time.
+/// Live bytes are counted for the whole process: tests run one at a time.
 fn measuring() -> MutexGuard<'static, ()> {
     static MEASURING: Mutex<()> = Mutex::new(());
     MEASURING
@@ -229,6 +229,7 @@ fn ten_thousand_distinct_priorities_with_aging_are_served_highest_first_and_give
 
 #[test]
 fn two_requests_of_the_largest_cost_without_a_token_limit_neither_panic_nor_leak() {
+    let _measuring = measuring();
     let gate = gate(2, 2, 2);
     let huge = Descriptor::new().with_cost(Cost::new(usize::MAX, Some(usize::MAX)));
     let first = admitted_with(&gate, huge);
@@ -244,5 +245,97 @@ fn two_requests_of_the_largest_cost_without_a_token_limit_neither_panic_nor_leak
     drop(other);
     let admitted: Vec<Permit> = queued.iter_mut().map(admitted_from_queue).collect();
     drop(admitted);
+    assert_idle(&gate.snapshot());
+}
+
+// ---- tenant names a client picks ----
+
+/// The 64-bit FNV-1a digest, what a `Tenant` was: anyone could compute it
+/// offline and search names for a given one.
+fn fnv1a(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[test]
+fn a_tenant_is_a_keyed_digest_no_client_can_compute_from_the_name() {
+    let _measuring = measuring();
+    for name in ["premium", "chat", "batch", "", "a"] {
+        assert_eq!(Tenant::new(name), Tenant::new(name), "stable in a process");
+        assert_ne!(Tenant::new(name).id(), fnv1a(name), "{name:?}: not FNV-1a");
+    }
+    // A weighted tenant is found by its name's keyed digest: a client that
+    // sends the old digest of "premium" as a number gets no weight from it.
+    let gate = Gate::new(
+        AdmissionConfig::new()
+            .engine_request_limit(1)
+            .request_queue_limit(100)
+            .tenant_weight("premium", 1000),
+    );
+    let running = admitted_with(&gate, Descriptor::new());
+    let forged = Tenant::from_id(fnv1a("premium"));
+    let mut waiting: Vec<(&str, Spawn<Acquire>)> = Vec::new();
+    for _ in 0..4 {
+        waiting.push((
+            "forged",
+            queued_with(&gate, Descriptor::new().with_tenant(forged)),
+        ));
+    }
+    for _ in 0..4 {
+        let other = Descriptor::new().with_tenant("other");
+        waiting.push(("other", queued_with(&gate, other)));
+    }
+    let mut order = Vec::new();
+    let mut running = Some(running);
+    while !waiting.is_empty() {
+        drop(running.take());
+        let at = waiting
+            .iter()
+            .position(|(_, acquire)| acquire.is_woken())
+            .expect("one waiter is woken");
+        let (name, mut acquire) = waiting.remove(at);
+        running = Some(admitted_from_queue(&mut acquire));
+        order.push(name);
+    }
+    drop(running);
+    // Equal weights: in turn, not the forged tenant's four first.
+    assert_eq!(
+        order,
+        [
+            "forged", "other", "forged", "other", "forged", "other", "forged", "other"
+        ]
+    );
+    assert_idle(&gate.snapshot());
+}
+
+#[test]
+fn ten_thousand_tenant_ids_alike_in_their_low_bits_are_ten_thousand_flows() {
+    let _measuring = measuring();
+    // Ids a multiplicative hash would send to one bucket of the flow map.
+    let gate = gate(1, 1, 20_000);
+    let mut running = Some(admitted_with(&gate, Descriptor::new()));
+    let mut waiting: Vec<Spawn<Acquire>> = (0..10_000u64)
+        .map(|k| {
+            queued_with(
+                &gate,
+                Descriptor::new().with_tenant(Tenant::from_id(k << 40)),
+            )
+        })
+        .collect();
+    // One more of the first tenant waits behind every other tenant's first.
+    let second = queued_with(&gate, Descriptor::new().with_tenant(Tenant::from_id(0)));
+    for _ in 0..10_000 {
+        drop(running.take());
+        let at = waiting
+            .iter()
+            .position(|acquire| acquire.is_woken())
+            .expect("a first request of some tenant is woken");
+        running = Some(admitted_from_queue(&mut waiting.swap_remove(at)));
+    }
+    assert!(waiting.is_empty());
+    let mut second = second;
+    drop(running.take());
+    drop(admitted_from_queue(&mut second));
     assert_idle(&gate.snapshot());
 }
