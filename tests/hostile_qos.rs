@@ -154,6 +154,10 @@ fn a_fresh_tenant_per_request_keeps_the_steady_tenants_share_and_the_gates_memor
         }
     }
     let after_40000 = live_bytes();
+    println!(
+        "steady tenant: {} of 40,000 admissions; live bytes {after_1000} after 1,000, {after_40000} after 40,000",
+        flood.steady_admitted
+    );
     let grown = after_40000.saturating_sub(after_1000);
     assert!(
         grown <= 256 * 1024,

@@ -560,8 +560,8 @@ impl Model {
         if was_head && served {
             let start = band.flows[&req.tenant];
             band.virtual_time = (band.virtual_time + req.step * weight / total_weight).max(start);
-            band.flows
-                .insert(req.tenant, (start + req.step).max(band.virtual_time));
+            // Its next request starts where this one finished.
+            band.flows.insert(req.tenant, start + req.step);
         }
         if !still_queued {
             band.flows.remove(&req.tenant);

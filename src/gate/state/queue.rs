@@ -11,9 +11,11 @@
 //! Each band keeps its backlogged tenants' *flows* and serves the flow head
 //! with the smallest start tag, ties by arrival. A flow's head starts at the
 //! band's virtual time `v` when the flow becomes backlogged, and each
-//! following request starts at `max(start + step, v)`, where `step =
-//! service × SCALE / weight` (service: the request's tokens when known, else
-//! 1). The clock advances with service, not with the tags served: each
+//! following request of the still backlogged flow starts where the one
+//! before finished, `start + step`, where `step = service × SCALE / weight`
+//! (service: the request's tokens when known, else 1); with no flow coming
+//! or going this is exactly start-time fair queueing. The clock advances
+//! with service, not with the tags served: each
 //! dequeue adds `service × SCALE / W`, `W` the sum of the weights of the
 //! band's backlogged flows at that moment, and then `v = max(v, start tag
 //! served)`. So `v` tracks the progress of an ideal weighted fluid server
@@ -653,7 +655,9 @@ impl Queue {
                     .virtual_time
                     .saturating_add(advance)
                     .max(flow.head_start);
-                flow.head_start = flow.head_start.saturating_add(step).max(band.virtual_time);
+                // A flow that stays backlogged keeps its own tags: lifting
+                // them to the clock would forget a lag of up to one step.
+                flow.head_start = flow.head_start.saturating_add(step);
             }
             if flow.fifo.head.is_some() {
                 band.push_head(nodes, tenant);
