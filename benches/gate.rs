@@ -7,6 +7,11 @@
 //!   request, with 10 and with 100,000 requests queued; in the interleaved
 //!   table also with QoS on (three priority bands, a thousand tenants).
 //!
+//! * `hostile_qos`: the tenant flood (a queue whose newcomers come from a
+//!   thousand tenants against one where they come from a million, each new
+//!   to the queue) and the priority flood (ten thousand distinct priorities
+//!   with aging against three), per admission and per cancel + arrival.
+//!
 //! Run: `cargo bench --bench gate` (the gate with its default features,
 //! metrics compiled in, no recorder installed) and
 //! `cargo bench --bench gate --no-default-features` (the gate alone).
@@ -152,6 +157,117 @@ fn queue_depth(c: &mut Criterion) {
     group.finish();
 }
 
+/// A gate with one engine slot and `depth` queued, whose newcomers are the
+/// `n`th request of `request`.
+struct Flood {
+    gate: Gate,
+    holder: Option<tower_admission::Permit>,
+    waiters: VecDeque<Acquire>,
+    request: fn(usize) -> Descriptor,
+    n: usize,
+}
+
+impl Flood {
+    fn new(config: AdmissionConfig, depth: usize, request: fn(usize) -> Descriptor) -> Flood {
+        let gate = Gate::new(
+            config
+                .engine_request_limit(1)
+                .engine_request_waiting_limit(1)
+                .request_queue_limit(depth + 1),
+        );
+        let holder = Some(gate.acquire(None).now_or_never().unwrap().unwrap());
+        let waiters = (0..depth).map(|n| gate.acquire_with(request(n))).collect();
+        Flood {
+            gate,
+            holder,
+            waiters,
+            request,
+            n: depth,
+        }
+    }
+
+    fn arrive(&mut self) {
+        let request = (self.request)(self.n);
+        self.n += 1;
+        self.waiters.push_back(self.gate.acquire_with(request));
+    }
+
+    /// The engine frees its slot: the waiter first in fair order is
+    /// admitted (found by polling each), and a newcomer joins.
+    fn admit(&mut self) {
+        drop(self.holder.take());
+        let mut cx = Context::from_waker(noop_waker_ref());
+        let (at, permit) = self
+            .waiters
+            .iter_mut()
+            .enumerate()
+            .find_map(
+                |(at, acquire)| match std::pin::Pin::new(acquire).poll(&mut cx) {
+                    Poll::Ready(admitted) => Some((at, admitted.unwrap())),
+                    Poll::Pending => None,
+                },
+            )
+            .expect("one waiter is admitted");
+        drop(self.waiters.remove(at));
+        self.holder = Some(permit);
+        self.arrive();
+    }
+
+    /// The oldest waiter gives up; a newcomer joins.
+    fn cancel(&mut self) {
+        drop(self.waiters.pop_front());
+        self.arrive();
+    }
+}
+
+fn thousand_tenants(n: usize) -> Descriptor {
+    Descriptor::new().with_tenant(Tenant::from_id((n % 1_000) as u64))
+}
+
+fn million_tenants(n: usize) -> Descriptor {
+    Descriptor::new().with_tenant(Tenant::from_id((n % 1_000_000) as u64))
+}
+
+fn three_priorities(n: usize) -> Descriptor {
+    Descriptor::new().with_priority((n % 3) as i32)
+}
+
+fn ten_thousand_priorities(n: usize) -> Descriptor {
+    Descriptor::new().with_priority((n % 10_000) as i32)
+}
+
+fn aging() -> AdmissionConfig {
+    AdmissionConfig::new().aging_interval(std::time::Duration::from_secs(60))
+}
+
+fn hostile_qos(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hostile_qos");
+    for (name, request) in [
+        ("1,000 tenants", thousand_tenants as fn(usize) -> Descriptor),
+        ("1,000,000 tenants", million_tenants),
+    ] {
+        let mut flood = Flood::new(AdmissionConfig::new(), 10, request);
+        group.bench_function(BenchmarkId::new("admit of 10 queued", name), |b| {
+            b.iter(|| flood.admit())
+        });
+        let mut flood = Flood::new(AdmissionConfig::new(), 1_000, request);
+        group.bench_function(BenchmarkId::new("cancel + arrival of 1,000", name), |b| {
+            b.iter(|| flood.cancel())
+        });
+    }
+    for (name, request) in [
+        ("3 priorities", three_priorities as fn(usize) -> Descriptor),
+        ("10,000 priorities", ten_thousand_priorities),
+    ] {
+        let mut flood = Flood::new(aging(), 10_000, request);
+        group.bench_function(
+            BenchmarkId::new("aging, cancel + arrival of 10,000", name),
+            |b| b.iter(|| flood.cancel()),
+        );
+    }
+    group.finish();
+}
+
 trait AdmittedNow {
     fn now_or_never_admitted(&mut self) -> tower_admission::Permit;
 }
@@ -235,13 +351,45 @@ fn interleaved() {
     );
 }
 
+/// The floods of `hostile_qos` again, interleaved, for their ratios.
+fn interleaved_floods() {
+    let mut few = Flood::new(AdmissionConfig::new(), 10, thousand_tenants);
+    let mut many = Flood::new(AdmissionConfig::new(), 10, million_tenants);
+    support::print_table(
+        "tenant flood: admit one of 10 queued, a newcomer joins",
+        &mut [
+            ("1,000 tenants", &mut || few.admit()),
+            ("1,000,000 tenants", &mut || many.admit()),
+        ],
+    );
+    let mut few = Flood::new(AdmissionConfig::new(), 1_000, thousand_tenants);
+    let mut many = Flood::new(AdmissionConfig::new(), 1_000, million_tenants);
+    support::print_table(
+        "tenant flood: cancel the oldest of 1,000 queued, a newcomer joins",
+        &mut [
+            ("1,000 tenants", &mut || few.cancel()),
+            ("1,000,000 tenants", &mut || many.cancel()),
+        ],
+    );
+    let mut few = Flood::new(aging(), 10_000, three_priorities);
+    let mut many = Flood::new(aging(), 10_000, ten_thousand_priorities);
+    support::print_table(
+        "priority flood, aging on: cancel the oldest of 10,000 queued, a newcomer joins",
+        &mut [
+            ("3 priorities", &mut || few.cancel()),
+            ("10,000 priorities", &mut || many.cancel()),
+        ],
+    );
+}
+
 #[path = "support/mod.rs"]
 mod support;
 
-criterion_group!(benches, uncontended, queue_depth);
+criterion_group!(benches, uncontended, queue_depth, hostile_qos);
 
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     interleaved();
+    interleaved_floods();
 }

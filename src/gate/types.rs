@@ -3,7 +3,10 @@
 //! machine, the driver and every observer import from here, never the other
 //! way round.
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::config::{EngineCapacity, Limits};
@@ -306,8 +309,13 @@ impl Descriptor {
 }
 
 /// A tenant: the key weighted fair sharing is done by (SPEC §8). It is a
-/// 64-bit digest of the tenant's name (FNV-1a), so a descriptor stays
-/// `Copy` and the gate stores no strings; equal names are equal tenants.
+/// 64-bit keyed digest of the tenant's name (SipHash-1-3 under a key drawn
+/// at random once per process), so a descriptor stays `Copy` and the gate
+/// stores no strings; equal names are equal tenants within a process. A
+/// client that picks names cannot aim them at one another or at a weighted
+/// tenant: without the key, hitting a given tenant takes about 2^64 tries.
+/// Digests differ between processes: send names, not [`id`](Tenant::id)s,
+/// from one process to another.
 ///
 /// ```
 /// use tower_admission::{Descriptor, Tenant};
@@ -326,18 +334,9 @@ pub struct Tenant(u64);
 
 impl Tenant {
     /// The tenant named `name`.
-    pub const fn new(name: &str) -> Tenant {
-        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-        const PRIME: u64 = 0x0000_0100_0000_01b3;
-        let bytes = name.as_bytes();
-        let mut hash = OFFSET;
-        let mut i = 0;
-        while i < bytes.len() {
-            hash ^= bytes[i] as u64;
-            hash = hash.wrapping_mul(PRIME);
-            i += 1;
-        }
-        Tenant(hash)
+    pub fn new(name: &str) -> Tenant {
+        static KEY: OnceLock<RandomState> = OnceLock::new();
+        Tenant(KEY.get_or_init(RandomState::new).hash_one(name))
     }
 
     /// A tenant known by a number of your own rather than by name.

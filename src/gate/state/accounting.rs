@@ -38,10 +38,14 @@ pub(crate) struct Demand {
 }
 
 impl Demand {
+    /// Tokens past this are counted as this: no engine has a context of
+    /// 2^32 tokens, and sums of clamped costs cannot overflow.
+    const MAX_TOKENS: usize = 1 << 32;
+
     pub(crate) fn of(cost: Cost) -> Demand {
         Demand {
-            prompt_tokens: cost.prompt_tokens,
-            engine_tokens: cost.engine_tokens(),
+            prompt_tokens: cost.prompt_tokens.min(Demand::MAX_TOKENS),
+            engine_tokens: cost.engine_tokens().min(Demand::MAX_TOKENS),
         }
     }
 }
@@ -98,7 +102,7 @@ impl<T> State<T> {
         let limits = self.limits;
         let fits = |counts: &Counts, ranks: usize| {
             let queued = counts.queued - freed.queued;
-            let queued_tokens = counts.queued_tokens - freed.queued_tokens;
+            let queued_tokens = counts.queued_tokens.saturating_sub(freed.queued_tokens);
             queued < limits.request_queue_limit.saturating_mul(ranks)
                 && tokens_fit(
                     queued_tokens,
@@ -146,8 +150,10 @@ impl<T> State<T> {
         for counts in self.total_and(key) {
             counts.engine_requests += 1;
             counts.engine_waiting += 1;
-            counts.engine_tokens += demand.engine_tokens;
-            counts.engine_waiting_tokens += demand.prompt_tokens;
+            counts.engine_tokens = counts.engine_tokens.saturating_add(demand.engine_tokens);
+            counts.engine_waiting_tokens = counts
+                .engine_waiting_tokens
+                .saturating_add(demand.prompt_tokens);
         }
         let (rank, generation) = match key {
             BucketKey::Unranked => (None, 0),
@@ -187,11 +193,13 @@ impl<T> State<T> {
         for counts in self.total_and(key) {
             if waiting {
                 counts.engine_waiting -= 1;
-                counts.engine_waiting_tokens -= demand.prompt_tokens;
+                counts.engine_waiting_tokens = counts
+                    .engine_waiting_tokens
+                    .saturating_sub(demand.prompt_tokens);
             }
             if request {
                 counts.engine_requests -= 1;
-                counts.engine_tokens -= demand.engine_tokens;
+                counts.engine_tokens = counts.engine_tokens.saturating_sub(demand.engine_tokens);
             }
         }
         self.dequeue();
@@ -201,7 +209,7 @@ impl<T> State<T> {
     pub(super) fn unqueue(&mut self, key: BucketKey, demand: Demand) {
         for counts in self.total_and(key) {
             counts.queued -= 1;
-            counts.queued_tokens -= demand.prompt_tokens;
+            counts.queued_tokens = counts.queued_tokens.saturating_sub(demand.prompt_tokens);
         }
     }
 

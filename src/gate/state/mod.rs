@@ -364,7 +364,9 @@ impl<T> State<T> {
         for slot in queue.displaceable(&self.entries, rung) {
             victims.push(slot);
             freed.queued += 1;
-            freed.queued_tokens += self.entries[slot].demand.prompt_tokens;
+            freed.queued_tokens = freed
+                .queued_tokens
+                .saturating_add(self.entries[slot].demand.prompt_tokens);
             if self.queue_fits_after(bucket, demand, &freed) {
                 return Some(victims);
             }
@@ -577,7 +579,15 @@ impl<T> State<T> {
         // Fair shares are by tokens when the cost is known, else by requests.
         let service = demand.engine_tokens.max(1) as u64;
         let queued_at = self.event_time();
-        let node = Node::new(seq, rung, class.tenant, service, weight, queued_at);
+        let node = Node::new(
+            seq,
+            rung,
+            class.tenant,
+            service,
+            weight,
+            queued_at,
+            &self.ladder,
+        );
         let slot = self.entries.insert(Entry {
             node,
             bucket: key,
@@ -590,7 +600,7 @@ impl<T> State<T> {
         queue.push(entries, slot);
         for counts in self.total_and(key) {
             counts.queued += 1;
-            counts.queued_tokens += demand.prompt_tokens;
+            counts.queued_tokens = counts.queued_tokens.saturating_add(demand.prompt_tokens);
         }
         Ticket { slot, seq }
     }

@@ -9,8 +9,13 @@ use proptest::prelude::*;
 use super::*;
 use crate::gate::types::{Cost, RejectionScope};
 
-const A: Tenant = Tenant::new("a");
-const B: Tenant = Tenant::new("b");
+fn tenant_a() -> Tenant {
+    Tenant::new("a")
+}
+
+fn tenant_b() -> Tenant {
+    Tenant::new("b")
+}
 
 fn class(priority: i32, tenant: Option<Tenant>) -> Class {
     Class { priority, tenant }
@@ -54,14 +59,98 @@ fn tenants_share_a_band_in_turn_ties_by_arrival() {
     let (mut state, running) = busy(AdmissionConfig::new(), 10);
     let mut tickets = Vec::new();
     for name in ["X1", "X2", "X3", "X4"] {
-        tickets.push(queue(&mut state, name, class(0, Some(A))));
+        tickets.push(queue(&mut state, name, class(0, Some(tenant_a()))));
     }
     for name in ["Y1", "Y2"] {
-        tickets.push(queue(&mut state, name, class(0, Some(B))));
+        tickets.push(queue(&mut state, name, class(0, Some(tenant_b()))));
     }
     assert_eq!(
         serve_all(&mut state, running, tickets),
         ["X1", "Y1", "X2", "Y2", "X3", "X4"]
+    );
+}
+
+#[test]
+fn a_fresh_tenant_per_request_does_not_starve_a_backlogged_tenant() {
+    // One engine slot; a steady tenant keeps 5 queued, a client keeps 5
+    // queued under a tenant name never used before each time: six flows
+    // backlogged, so the steady tenant's fair share is about 1/6.
+    let (mut state, mut running) = busy(AdmissionConfig::new(), 10);
+    let steady = Tenant::new("steady");
+    let mut fresh = 0u64;
+    let mut fresh_tenant = || {
+        fresh += 1;
+        Tenant::new(&format!("fresh-{fresh}"))
+    };
+    let mut waiting = Vec::new();
+    for _ in 0..5 {
+        waiting.push(queue(&mut state, "steady", class(0, Some(steady))));
+        waiting.push(queue(&mut state, "fresh", class(0, Some(fresh_tenant()))));
+    }
+    let admissions = 10_000;
+    let mut steady_served = 0;
+    for _ in 0..admissions {
+        state.finish(&mut running);
+        state.drain_offered(|_, _| {});
+        let mut admitted = None;
+        waiting.retain(|&ticket| match state.poll(ticket) {
+            Polled::Admitted(grant, name) => {
+                admitted = Some((grant, name));
+                false
+            }
+            _ => true,
+        });
+        let (grant, name) = admitted.expect("a slot freed with ten waiting");
+        running = grant;
+        let tenant = if name == "steady" {
+            steady_served += 1;
+            steady
+        } else {
+            fresh_tenant()
+        };
+        waiting.push(queue(&mut state, name, class(0, Some(tenant))));
+        let queue = &state.unranked.queue;
+        assert!(queue.flow_count() <= 10, "{} flows", queue.flow_count());
+    }
+    assert!(
+        steady_served * 8 >= admissions,
+        "the steady tenant got {steady_served} of {admissions} admissions"
+    );
+    state.finish(&mut running);
+}
+
+#[test]
+fn a_huge_weight_is_a_share_not_strict_priority() {
+    // Steps of 1 × scale / weight: with weights past the old scale of
+    // 720,720 they rounded to 0 and every tag tied.
+    let ladder = Ladder::default();
+    for weight in [720_721, 1_000_000, u32::MAX] {
+        assert!(Node::new(0, 0, None, 1, weight, None, &ladder).step > 0);
+    }
+    let config = AdmissionConfig::new()
+        .tenant_weight("heavy", 2_000_000)
+        .tenant_weight("light", 1_000_000);
+    let (mut state, running) = busy(config, 100);
+    let mut tickets = Vec::new();
+    for _ in 0..30 {
+        tickets.push(queue(
+            &mut state,
+            "light",
+            class(0, Some(Tenant::new("light"))),
+        ));
+    }
+    for _ in 0..30 {
+        tickets.push(queue(
+            &mut state,
+            "heavy",
+            class(0, Some(Tenant::new("heavy"))),
+        ));
+    }
+    let order = serve_all(&mut state, running, tickets);
+    let heavy = order[..30].iter().filter(|&&name| name == "heavy").count();
+    assert!(
+        (19..=21).contains(&heavy),
+        "{heavy} of the first 30: {order:?}"
     );
 }
 
@@ -71,8 +160,8 @@ fn weights_share_a_band_in_proportion() {
     let (mut state, running) = busy(config, 100);
     let mut tickets = Vec::new();
     for _ in 0..40 {
-        tickets.push(queue(&mut state, "a", class(0, Some(A))));
-        tickets.push(queue(&mut state, "b", class(0, Some(B))));
+        tickets.push(queue(&mut state, "a", class(0, Some(tenant_a()))));
+        tickets.push(queue(&mut state, "b", class(0, Some(tenant_b()))));
     }
     let order = serve_all(&mut state, running, tickets);
     let first: Vec<_> = order.iter().take(40).collect();
@@ -199,9 +288,9 @@ fn configured_bands_group_priorities() {
 #[test]
 fn cancelling_a_tenants_head_keeps_its_turn_for_the_next() {
     let (mut state, running) = busy(AdmissionConfig::new(), 10);
-    let x1 = queue(&mut state, "X1", class(0, Some(A)));
-    let x2 = queue(&mut state, "X2", class(0, Some(A)));
-    let y1 = queue(&mut state, "Y1", class(0, Some(B)));
+    let x1 = queue(&mut state, "X1", class(0, Some(tenant_a())));
+    let x2 = queue(&mut state, "X2", class(0, Some(tenant_a())));
+    let y1 = queue(&mut state, "Y1", class(0, Some(tenant_b())));
     state.cancel(x1).unwrap();
     assert_eq!(serve_all(&mut state, running, vec![x2, y1]), ["X2", "Y1"]);
 }
@@ -327,8 +416,8 @@ struct Req {
 #[derive(Debug, Clone, Default)]
 struct ModelBand {
     virtual_time: u128,
-    /// Per tenant: the start tag of its head, and its last finish tag.
-    flows: BTreeMap<Option<Tenant>, (u128, u128)>,
+    /// Per backlogged tenant: the start tag of its head.
+    flows: BTreeMap<Option<Tenant>, u128>,
 }
 
 #[derive(Debug, Clone)]
@@ -341,10 +430,12 @@ struct Model {
     reqs: Vec<Req>,
     bands: BTreeMap<i64, ModelBand>,
     now: Instant,
+    /// The start of the run: no request is older.
+    start: Instant,
     displaced: u64,
 }
 
-const SCALE: u128 = 720_720;
+const SCALE: u128 = 720_720 * (1 << 32);
 
 impl Model {
     fn queued(&self) -> impl Iterator<Item = (usize, &Req)> {
@@ -375,23 +466,40 @@ impl Model {
             }
     }
 
-    /// The next request to serve: the band risen highest (ties: the band
-    /// with the oldest request), then the flow head of the smallest start
-    /// tag (ties: the older).
+    fn weight_of(&self, tenant: Option<Tenant>) -> u32 {
+        self.weights
+            .iter()
+            .find(|(t, _)| Some(*t) == tenant)
+            .map_or(1, |(_, w)| *w)
+    }
+
+    /// How far a band stands, its oldest request queued at `at`: its rung
+    /// plus the intervals waited, counted in nanoseconds of the interval
+    /// (higher goes first). The same at any time for any two bands.
+    fn risen_nanos(&self, rung: i64, at: Instant) -> i128 {
+        match self.aging {
+            Some(interval) => {
+                // How far it will have risen by any common time, less the
+                // same constant for every band: the time queued after the
+                // run's start counts against it.
+                let queued_late = at.duration_since(self.start).as_nanos() as i128;
+                i128::from(rung) * interval.as_nanos() as i128 - queued_late
+            }
+            None => i128::from(rung),
+        }
+    }
+
+    /// The next request to serve: the band standing highest (ties: the
+    /// band with the oldest request), then the flow head of the smallest
+    /// start tag (ties: the older).
     fn head(&self) -> Option<usize> {
-        let mut best: Option<(i64, u64, i64)> = None; // (risen, oldest seq, rung)
+        let mut best: Option<(i128, u64, i64)> = None; // (standing, oldest seq, rung)
         for &rung in self.bands.keys() {
             let oldest = self
                 .queued()
                 .filter(|(_, req)| req.rung == rung)
                 .min_by_key(|(_, req)| req.seq)?;
-            let risen = match self.aging {
-                Some(interval) => {
-                    let waited = self.now.saturating_duration_since(oldest.1.queued_at);
-                    rung + (waited.as_nanos() / interval.as_nanos()) as i64
-                }
-                None => rung,
-            };
+            let risen = self.risen_nanos(rung, oldest.1.queued_at);
             if best.is_none_or(|(r, s, _)| {
                 (risen, std::cmp::Reverse(oldest.1.seq)) > (r, std::cmp::Reverse(s))
             }) {
@@ -408,25 +516,21 @@ impl Model {
                     other.rung == rung && other.tenant == req.tenant && other.seq < req.seq
                 })
             })
-            .min_by_key(|(_, req)| (band.flows[&req.tenant].0, req.seq))
+            .min_by_key(|(_, req)| (band.flows[&req.tenant], req.seq))
             .map(|(i, _)| i)
     }
 
     fn push(&mut self, i: usize) {
         let (rung, tenant) = (self.reqs[i].rung, self.reqs[i].tenant);
-        let backlogged = self
-            .queued()
-            .any(|(j, req)| j != i && req.rung == rung && req.tenant == tenant);
         let band = self.bands.entry(rung).or_default();
         let vt = band.virtual_time;
-        let flow = band.flows.entry(tenant).or_insert((vt, 0));
-        if !backlogged {
-            flow.0 = flow.1.max(vt);
-        }
+        // A tenant new to the band, or back after it emptied, starts at the
+        // band's clock.
+        band.flows.entry(tenant).or_insert(vt);
     }
 
     /// Request `i` leaves the queue (already re-phased); `served` charges
-    /// its flow.
+    /// its flow and advances the band's clock.
     fn leave(&mut self, i: usize, served: bool) {
         let req = self.reqs[i].clone();
         if !self.queued().any(|(_, other)| other.rung == req.rung) {
@@ -436,12 +540,32 @@ impl Model {
         let was_head = !self.queued().any(|(_, other)| {
             other.rung == req.rung && other.tenant == req.tenant && other.seq < req.seq
         });
+        // The weight of the band's backlogged tenants, this one included.
+        let mut backlogged: Vec<Option<Tenant>> = self
+            .queued()
+            .filter(|(_, other)| other.rung == req.rung)
+            .map(|(_, other)| other.tenant)
+            .collect();
+        backlogged.push(req.tenant);
+        backlogged.sort();
+        backlogged.dedup();
+        let total_weight: u128 = backlogged
+            .iter()
+            .map(|&tenant| u128::from(self.weight_of(tenant)))
+            .sum();
+        let weight = u128::from(self.weight_of(req.tenant));
+        let still_queued = self
+            .queued()
+            .any(|(_, other)| other.rung == req.rung && other.tenant == req.tenant);
+        let band = self.bands.get_mut(&req.rung).unwrap();
         if was_head && served {
-            let band = self.bands.get_mut(&req.rung).unwrap();
-            let flow = band.flows.get_mut(&req.tenant).unwrap();
-            band.virtual_time = band.virtual_time.max(flow.0);
-            flow.1 = flow.0 + req.step;
-            flow.0 = flow.1.max(band.virtual_time);
+            let start = band.flows[&req.tenant];
+            band.virtual_time = (band.virtual_time + req.step * weight / total_weight).max(start);
+            // Its next request starts where this one finished.
+            band.flows.insert(req.tenant, start + req.step);
+        }
+        if !still_queued {
+            band.flows.remove(&req.tenant);
         }
     }
 
@@ -485,8 +609,8 @@ fn op() -> impl Strategy<Value = Op> {
 fn tenant_of(code: u8) -> Option<Tenant> {
     match code {
         0 => None,
-        1 => Some(A),
-        _ => Some(B),
+        1 => Some(tenant_a()),
+        _ => Some(tenant_b()),
     }
 }
 
@@ -516,10 +640,11 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
         queue_limit: 4,
         token_limit: tokens.then_some(1000),
         aging: aging.then(|| Duration::from_secs(1)),
-        weights: vec![(A, 3)],
+        weights: vec![(tenant_a(), 3)],
         reqs: Vec::new(),
         bands: BTreeMap::new(),
         now: start,
+        start,
         displaced: 0,
     };
     let mut held: Vec<Held> = Vec::new();
@@ -533,11 +658,7 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
                 prompt,
             } => {
                 let tenant = tenant_of(tenant);
-                let weight = model
-                    .weights
-                    .iter()
-                    .find(|(t, _)| Some(*t) == tenant)
-                    .map_or(1, |(_, w)| *w);
+                let weight = model.weight_of(tenant);
                 let i = model.reqs.len();
                 let demand = Demand::of(Cost::prompt(prompt));
                 model.reqs.push(Req {

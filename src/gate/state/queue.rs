@@ -6,37 +6,80 @@
 //! With every request in one band and of one tenant — the default — this is
 //! exactly a FIFO queue: one band, one flow, served in arrival order.
 //!
-//! # Structure
+//! # Fair sharing: start-time fair queueing with a service-driven clock
+//!
+//! Each band keeps its backlogged tenants' *flows* and serves the flow head
+//! with the smallest start tag, ties by arrival. A flow's head starts at the
+//! band's virtual time `v` when the flow becomes backlogged, and each
+//! following request of the still backlogged flow starts where the one
+//! before finished, `start + step`, where `step = service × SCALE / weight`
+//! (service: the request's tokens when known, else 1); with no flow coming
+//! or going this is exactly start-time fair queueing. The clock advances
+//! with service, not with the tags served: each
+//! dequeue adds `service × SCALE / W`, `W` the sum of the weights of the
+//! band's backlogged flows at that moment, and then `v = max(v, start tag
+//! served)`. So `v` tracks the progress of an ideal weighted fluid server
+//! whatever flows come and go, and a tenant that appears (a fresh name per
+//! request, say) starts level with the backlogged ones instead of at the
+//! bottom of the order.
+//!
+//! Bound: over any interval in which flows `f` and `g` are both backlogged,
+//! `|served_f / w_f − served_g / w_g| ≤ step_f / w_f + step_g / w_g` in
+//! SCALE units (SFQ's bound, Goyal, Vin and Cheng 1996). A flow that empties
+//! is forgotten at once, so gate memory stays O(queued requests): a tenant
+//! that returns at once starts at `v` again and gains at most one step.
+//! Tags are exact up to a rounding of `1 / SCALE` of a request: `SCALE =
+//! 720,720 × 2^32` divides exactly by every weight up to 16, and no step of
+//! any `u32` weight rounds to 0, so a huge weight never turns into strict
+//! priority.
+//!
+//! Flows are keyed by [`Tenant`], itself a keyed hash of the tenant's name
+//! (see its docs), so no client can pick names that collide flows or
+//! impersonate a weighted tenant. The flow map hashes the tenant again with
+//! a folded multiply under a random key ([`FlowHasher`]), so that ids of
+//! the application's own ([`Tenant::from_id`], sequential say) spread over
+//! the map as well: one 128-bit multiply per look-up, where SipHash would
+//! cost about as much as the rest of a queue operation.
+//!
+//! # Bands
+//!
+//! Bands are ordered by a *standing* that does not change with time: without
+//! aging, minus the band's rung; with aging, the queue time of its oldest
+//! request minus `rung × interval`. A band rises one rung per interval
+//! waited, so the band of smallest standing is the one risen highest (of
+//! two at the same whole rung, the one further along, then the older). A
+//! queue keeps one band per distinct rung with requests queued and drops a
+//! band as it empties: at most `min(queued requests, distinct priorities)`
+//! bands, whatever the configuration; configured bands (`priority_bands`)
+//! cap it at their number.
+//!
+//! # Structure and costs
 //!
 //! Requests live in the state's entry slab; the queue threads two intrusive
 //! lists through them ([`Node`]): the band's arrival order (its oldest for
 //! aging, its newest for displacement) and the tenant's own FIFO. Each band
-//! keeps its tenants' *flows* and a min-heap of their heads keyed by
-//! start-time fair queueing tags: a flow's head starts at the later of the
-//! band's virtual time and the flow's last finish tag, and finishes
-//! `service / weight` later, where service is the request's tokens when
-//! known and 1 otherwise. The band serves the head with the smallest start
-//! tag, ties by arrival.
-//!
-//! Costs per event: push, pop and unlink are O(log tenants) (heap) plus
-//! O(1) list work; finding the head is O(log bands) without aging and
-//! O(bands) with it. Heap entries made stale by a cancelled flow head are
+//! keeps a min-heap of its flow heads; the queue keeps its bands' oldest
+//! requests ordered by standing and by arrival. Push, pop and unlink are
+//! O(log tenants + log bands) with O(1) list work; finding the head is
+//! O(log bands). Heap entries made stale by a cancelled flow head are
 //! skipped lazily and the heap is rebuilt when stale entries outnumber live
-//! ones, so memory stays bounded under cancel storms; a band that empties is
-//! dropped whole.
+//! ones (amortised O(1)), so memory stays bounded under cancel storms.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroU32;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::Slot;
 use crate::gate::types::Tenant;
 
 /// Fixed-point scale of fair queueing tags: a multiple of every weight up
-/// to 16, so common weights divide service exactly.
-const TAG_SCALE: u128 = 720_720;
+/// to 16, times 2^32 so that a step of any `u32` weight is at least
+/// 720,720 and the relative rounding of a step below 2^-19.
+pub(crate) const TAG_SCALE: u128 = 720_720 << 32;
 
 /// A place in one intrusive list. Neighbours are stored as slot + 1 in
 /// four bytes each, which keeps a queued request's node small.
@@ -93,10 +136,15 @@ pub(crate) struct Node {
     /// Its band, as a rung of the ladder (see [`Ladder`]).
     pub(crate) rung: i64,
     pub(crate) tenant: Option<Tenant>,
+    /// Its tenant's weight.
+    weight: u32,
     /// Fair queueing tag increment: service × scale / weight.
     pub(crate) step: u128,
     /// When it was queued, when the gate keeps time.
     pub(crate) queued_at: Option<Instant>,
+    /// The standing of its band while it is the band's oldest request
+    /// (see [`Ladder::standing`]).
+    standing: i128,
     band: Link,
     flow: Link,
 }
@@ -109,13 +157,17 @@ impl Node {
         service: u64,
         weight: u32,
         queued_at: Option<Instant>,
+        ladder: &Ladder,
     ) -> Node {
+        let weight = weight.max(1);
         Node {
             seq,
             rung,
             tenant,
-            step: u128::from(service.max(1)) * TAG_SCALE / u128::from(weight.max(1)),
+            weight,
+            step: u128::from(service.max(1)).saturating_mul(TAG_SCALE) / u128::from(weight),
             queued_at,
+            standing: ladder.standing(rung, queued_at),
             band: Link::default(),
             flow: Link::default(),
         }
@@ -129,16 +181,49 @@ pub(crate) trait Nodes {
 }
 
 /// How priorities map to bands, and how bands age.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Ladder {
     /// Configured bands, ascending; empty: every priority is its own band.
     bands: Vec<i32>,
     aging: Option<Duration>,
+    /// The origin of standings with aging.
+    epoch: Instant,
+}
+
+impl Default for Ladder {
+    fn default() -> Ladder {
+        Ladder::new(Vec::new(), None)
+    }
 }
 
 impl Ladder {
     pub(crate) fn new(bands: Vec<i32>, aging: Option<Duration>) -> Ladder {
-        Ladder { bands, aging }
+        Ladder {
+            bands,
+            aging,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The standing of a band at `rung` whose oldest request was queued at
+    /// `since` (now, for a newcomer): lower goes first. Without aging, minus
+    /// the rung. With aging, the time queued in nanoseconds since the epoch
+    /// minus `rung` intervals: a band rises one rung per interval waited, so
+    /// the order of standings is the order of risen rungs, and it never
+    /// changes with time.
+    fn standing(&self, rung: i64, since: Option<Instant>) -> i128 {
+        let Some(interval) = self.aging else {
+            return -i128::from(rung);
+        };
+        let since = since.map_or(0, |since| {
+            if since >= self.epoch {
+                (since - self.epoch).as_nanos() as i128
+            } else {
+                -((self.epoch - since).as_nanos() as i128)
+            }
+        });
+        let interval = interval.as_nanos().max(1) as i128;
+        since.saturating_sub(i128::from(rung).saturating_mul(interval))
     }
 
     /// The rung of a priority: the index of the highest configured band at
@@ -175,25 +260,23 @@ impl Ladder {
     }
 }
 
-/// One tenant's queued requests in one band.
-#[derive(Debug, Default)]
-struct Flow {
-    fifo: Ends,
-    /// Start tag of the flow's head.
-    head_start: u128,
-    /// Finish tag of the flow's last served request.
-    last_finish: u128,
-}
+/// Hashes a flow's key with a folded multiply (the high and low halves of
+/// a 128-bit product, xored) under a key drawn at random once per process:
+/// every bit of the key's words reaches every bit of the hash, and without
+/// the key no set of ids can be chosen to collide in the map.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlowHasher(u64, u64);
 
-/// Hashes a flow's key. A [`Tenant`] is a hash of its name already (and
-/// names come from a trusted router): one multiply spreads it, where the
-/// default SipHash would cost more than the rest of a queue operation.
-#[derive(Debug, Default)]
-struct FlowHasher(u64);
+impl FlowHasher {
+    fn fold(word: u64, key: u64) -> u64 {
+        let product = u128::from(word) * u128::from(key);
+        (product as u64) ^ ((product >> 64) as u64)
+    }
+}
 
 impl Hasher for FlowHasher {
     fn finish(&self) -> u64 {
-        self.0
+        FlowHasher::fold(self.0, self.1 | 1)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -204,7 +287,7 @@ impl Hasher for FlowHasher {
 
     fn write_u64(&mut self, word: u64) {
         const K: u64 = 0x9E37_79B9_7F4A_7C15; // 2^64 / golden ratio
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
+        self.0 = FlowHasher::fold(self.0 ^ word, self.1 ^ K);
     }
 
     fn write_usize(&mut self, word: usize) {
@@ -216,6 +299,38 @@ impl Hasher for FlowHasher {
     }
 }
 
+/// Builds [`FlowHasher`]s under the process's random key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlowKey(u64, u64);
+
+impl Default for FlowKey {
+    fn default() -> FlowKey {
+        static KEY: OnceLock<FlowKey> = OnceLock::new();
+        *KEY.get_or_init(|| {
+            let random = RandomState::new();
+            FlowKey(random.hash_one(0u64), random.hash_one(1u64))
+        })
+    }
+}
+
+impl BuildHasher for FlowKey {
+    type Hasher = FlowHasher;
+
+    fn build_hasher(&self) -> FlowHasher {
+        FlowHasher(self.0, self.1)
+    }
+}
+
+/// One backlogged tenant's queued requests in one band. A flow exists only
+/// while it has requests queued.
+#[derive(Debug)]
+struct Flow {
+    fifo: Ends,
+    /// Start tag of the flow's head.
+    head_start: u128,
+    weight: u32,
+}
+
 /// A head in a band's heap: (start tag, arrival, slot, tenant). Stale once
 /// its flow's head is another request.
 type HeapEntry = Reverse<(u128, u64, Slot, Option<Tenant>)>;
@@ -224,11 +339,12 @@ type HeapEntry = Reverse<(u128, u64, Slot, Option<Tenant>)>;
 struct Band {
     arrivals: Ends,
     len: usize,
-    flows: HashMap<Option<Tenant>, Flow, BuildHasherDefault<FlowHasher>>,
-    /// Flows with queued requests.
-    backlogged: usize,
+    /// Backlogged flows only.
+    flows: HashMap<Option<Tenant>, Flow, FlowKey>,
+    /// The sum of the weights of the backlogged flows.
+    backlogged_weight: u64,
     heads: BinaryHeap<HeapEntry>,
-    /// The start tag of the request served last.
+    /// The band's virtual time (see the module docs).
     virtual_time: u128,
 }
 
@@ -253,8 +369,7 @@ impl Band {
     /// flow has requests queued already (then it waits behind them).
     fn start_for(&self, tenant: Option<Tenant>) -> (u128, bool) {
         match self.flows.get(&tenant) {
-            Some(flow) if flow.fifo.head.is_some() => (flow.head_start, true),
-            Some(flow) => (flow.last_finish.max(self.virtual_time), false),
+            Some(flow) => (flow.head_start, true),
             None => (self.virtual_time, false),
         }
     }
@@ -271,31 +386,23 @@ impl Band {
         }
     }
 
-    /// Drops idle flows that hold no credit and stale heap entries, when
-    /// they outnumber the live ones.
+    /// Rebuilds the heap when stale entries outnumber the live ones, and
+    /// gives back the room of flows gone: amortised O(1) per event.
     fn compact(&mut self, nodes: &impl Nodes) {
         const SLACK: usize = 16;
-        let live = self.backlogged;
-        if self.flows.len() > 2 * live + SLACK {
-            let now = self.virtual_time;
-            self.flows
-                .retain(|_, flow| flow.fifo.head.is_some() || flow.last_finish > now);
-            self.flows.shrink_to_fit();
-        }
+        let live = self.flows.len();
         if self.heads.len() > 2 * live + SLACK {
             let mut heads = std::mem::take(&mut self.heads).into_vec();
             heads.clear();
             heads.shrink_to(2 * live + SLACK);
             self.heads = BinaryHeap::from(heads);
-            let tenants: Vec<Option<Tenant>> = self
-                .flows
-                .iter()
-                .filter(|(_, flow)| flow.fifo.head.is_some())
-                .map(|(tenant, _)| *tenant)
-                .collect();
+            let tenants: Vec<Option<Tenant>> = self.flows.keys().copied().collect();
             for tenant in tenants {
                 self.push_head(nodes, tenant);
             }
+        }
+        if self.flows.capacity() > 4 * live + SLACK {
+            self.flows.shrink_to(2 * live + SLACK);
         }
     }
 }
@@ -304,6 +411,12 @@ impl Band {
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
     bands: BTreeMap<i64, Band>,
+    /// Each band's oldest request as (standing, arrival, rung): the first
+    /// is the leading band.
+    standings: BTreeSet<(i128, u64, i64)>,
+    /// Each band's oldest request as (arrival, slot): the first is the
+    /// request queued longest.
+    oldest: BTreeSet<(u64, Slot)>,
     len: usize,
 }
 
@@ -315,13 +428,15 @@ pub(crate) struct Head {
     /// The rung its band has risen to.
     pub(crate) rung: i64,
     pub(crate) seq: u64,
+    /// Its band's standing (see [`Ladder::standing`]).
+    standing: i128,
 }
 
 impl Head {
-    /// Whether this head goes before `other` (of another queue): higher
-    /// risen rung first, then the older.
+    /// Whether this head goes before `other` (of another queue under the
+    /// same ladder): the band risen higher first, then the older.
     pub(crate) fn before(&self, other: &Head) -> bool {
-        (Reverse(self.rung), self.seq) < (Reverse(other.rung), other.seq)
+        (self.standing, self.seq) < (other.standing, other.seq)
     }
 }
 
@@ -338,13 +453,15 @@ impl Queue {
         self.bands.iter().map(|(&rung, band)| (rung, band.len))
     }
 
-    /// The request queued longest: the oldest arrival over every band. One
-    /// look per band (one, by default).
-    pub(crate) fn oldest(&self, nodes: &impl Nodes) -> Option<Slot> {
-        self.bands
-            .values()
-            .filter_map(|band| band.arrivals.head)
-            .min_by_key(|&slot| nodes.node(slot).seq)
+    /// The request queued longest: the oldest arrival over every band.
+    pub(crate) fn oldest(&self, _nodes: &impl Nodes) -> Option<Slot> {
+        self.oldest.first().map(|&(_, slot)| slot)
+    }
+
+    /// Flows kept over every band (each has requests queued).
+    #[cfg(test)]
+    pub(crate) fn flow_count(&self) -> usize {
+        self.bands.values().map(|band| band.flows.len()).sum()
     }
 
     /// Queued requests in bands at or above `rung`: those a request joining
@@ -353,9 +470,28 @@ impl Queue {
         self.bands.range(rung..).map(|(_, band)| band.len).sum()
     }
 
+    /// Records `slot` as the oldest request of its band.
+    fn mark_oldest(&mut self, nodes: &impl Nodes, slot: Slot) {
+        let node = nodes.node(slot);
+        self.standings.insert((node.standing, node.seq, node.rung));
+        self.oldest.insert((node.seq, slot));
+    }
+
+    /// Forgets `slot` as the oldest request of its band.
+    fn unmark_oldest(&mut self, nodes: &impl Nodes, slot: Slot) {
+        let node = nodes.node(slot);
+        self.standings.remove(&(node.standing, node.seq, node.rung));
+        self.oldest.remove(&(node.seq, slot));
+    }
+
     /// Appends the request at `slot` (its node filled in but unlinked).
     pub(crate) fn push(&mut self, nodes: &mut impl Nodes, slot: Slot) {
-        let Node { rung, tenant, .. } = *nodes.node(slot);
+        let Node {
+            rung,
+            tenant,
+            weight,
+            ..
+        } = *nodes.node(slot);
         let band = self.bands.entry(rung).or_default();
         let tail = band.arrivals.tail;
         nodes.node_mut(slot).band = Link::new(tail, None);
@@ -367,7 +503,11 @@ impl Queue {
         band.len += 1;
 
         let (start, backlogged) = band.start_for(tenant);
-        let flow = band.flows.entry(tenant).or_default();
+        let flow = band.flows.entry(tenant).or_insert(Flow {
+            fifo: Ends::default(),
+            head_start: start,
+            weight,
+        });
         let tail = flow.fifo.tail;
         nodes.node_mut(slot).flow = Link::new(tail, None);
         match tail {
@@ -376,9 +516,11 @@ impl Queue {
         }
         flow.fifo.tail = Some(slot);
         if !backlogged {
-            flow.head_start = start;
-            band.backlogged += 1;
+            band.backlogged_weight += u64::from(weight);
             band.push_head(nodes, tenant);
+        }
+        if band.len == 1 {
+            self.mark_oldest(nodes, slot);
         }
         self.len += 1;
     }
@@ -391,45 +533,37 @@ impl Queue {
         now: Option<Instant>,
     ) -> Option<Head> {
         let (rung, (key, _)) = self.leading_band(nodes, ladder, now)?;
+        let standing = self.standings.first()?.0;
         let band = self.bands.get_mut(&key)?;
         let slot = band.first(nodes)?;
         Some(Head {
             slot,
             rung,
             seq: nodes.node(slot).seq,
+            standing,
         })
     }
 
     /// The band served first at `now`: its risen rung, and its key and the
-    /// arrival of its oldest request. Without aging, the highest band.
+    /// arrival of its oldest request. O(log bands).
     fn leading_band(
         &self,
         nodes: &impl Nodes,
         ladder: &Ladder,
         now: Option<Instant>,
     ) -> Option<(i64, (i64, u64))> {
-        let oldest_of = |band: &Band| {
-            let oldest = band.arrivals.head.expect("a band in the map is not empty");
-            nodes.node(oldest)
-        };
-        if ladder.aging.is_none() {
-            let (&rung, band) = self.bands.last_key_value()?;
-            return Some((rung, (rung, oldest_of(band).seq)));
-        }
-        self.bands
-            .iter()
-            .map(|(&rung, band)| {
-                let oldest = oldest_of(band);
-                (ladder.aged(rung, oldest.queued_at, now), (rung, oldest.seq))
-            })
-            .min_by_key(|&(risen, (_, oldest))| (Reverse(risen), oldest))
+        let &(_, seq, rung) = self.standings.first()?;
+        let band = &self.bands[&rung];
+        let oldest = band.arrivals.head.expect("a band in the map is not empty");
+        let risen = ladder.aged(rung, nodes.node(oldest).queued_at, now);
+        Some((risen, (rung, seq)))
     }
 
     /// Whether a request arriving now at `rung` for `tenant` would be first
     /// in service order: nothing queued goes before it. It joins its band
-    /// (and rises with it); between bands the higher risen rung goes first,
-    /// the band with the older request on a tie; inside its band it goes
-    /// first if its start tag is below every waiting flow's.
+    /// (and rises with it); between bands the lower standing goes first, the
+    /// band already queued on a tie; inside its band it goes first if its
+    /// start tag is below every waiting flow's.
     pub(crate) fn would_lead(
         &mut self,
         nodes: &impl Nodes,
@@ -438,13 +572,12 @@ impl Queue {
         rung: i64,
         tenant: Option<Tenant>,
     ) -> bool {
-        let Some((risen, (leading, _))) = self.leading_band(nodes, ladder, now) else {
+        let Some(&(standing, _, leading)) = self.standings.first() else {
             return true;
         };
         if leading != rung {
-            // Its own band, if it has one, lost to the leading band already:
-            // only a higher rung than the leader's can go first.
-            return !self.bands.contains_key(&rung) && rung > risen;
+            // Its own band, if it has one, lost to the leading band already.
+            return !self.bands.contains_key(&rung) && ladder.standing(rung, now) < standing;
         }
         let band = self.bands.get_mut(&rung).expect("the leading band exists");
         let (start, backlogged) = band.start_for(tenant);
@@ -458,9 +591,9 @@ impl Queue {
     }
 
     /// Takes the request at `slot` out of the queue. `served`: it leaves
-    /// because it was admitted, and its flow is charged for it; otherwise
-    /// (cancelled, expired, displaced) it leaves no trace in the fair
-    /// shares.
+    /// because it was admitted, its flow is charged for it and the band's
+    /// clock advances; otherwise (cancelled, expired, displaced) it leaves
+    /// no trace in the fair shares.
     pub(crate) fn remove(&mut self, nodes: &mut impl Nodes, slot: Slot, served: bool) {
         let Node {
             rung,
@@ -470,6 +603,14 @@ impl Queue {
             flow: flow_link,
             ..
         } = *nodes.node(slot);
+        if band_link.prev().is_none() {
+            self.unmark_oldest(nodes, slot);
+            if let Some(next) = band_link.next() {
+                // The next arrival becomes the band's oldest: its standing is
+                // the band's now.
+                self.mark_oldest(nodes, next);
+            }
+        }
         let band = self.bands.get_mut(&rung).expect("a queued request's band");
         match band_link.prev() {
             Some(prev) => nodes.node_mut(prev).band.set_next(band_link.next()),
@@ -484,8 +625,8 @@ impl Queue {
         if band.len == 0 {
             self.bands.remove(&rung);
             if self.bands.is_empty() {
-                // An emptied map keeps its root node: give it back too.
-                self.bands = BTreeMap::new();
+                // Emptied maps and sets keep their root nodes: give them back.
+                *self = Queue::default();
             }
             return;
         }
@@ -505,14 +646,24 @@ impl Queue {
         }
         if was_head {
             if served {
-                band.virtual_time = band.virtual_time.max(flow.head_start);
-                flow.last_finish = flow.head_start + step;
-                flow.head_start = flow.last_finish.max(band.virtual_time);
+                // The clock advances by the service over the backlogged
+                // weight (this flow's included), and never lags the tag
+                // served.
+                let service = step.saturating_mul(u128::from(flow.weight));
+                let advance = service / u128::from(band.backlogged_weight.max(1));
+                band.virtual_time = band
+                    .virtual_time
+                    .saturating_add(advance)
+                    .max(flow.head_start);
+                // A flow that stays backlogged keeps its own tags: lifting
+                // them to the clock would forget a lag of up to one step.
+                flow.head_start = flow.head_start.saturating_add(step);
             }
             if flow.fifo.head.is_some() {
                 band.push_head(nodes, tenant);
             } else {
-                band.backlogged -= 1;
+                band.backlogged_weight -= u64::from(flow.weight);
+                band.flows.remove(&tenant);
             }
         }
         band.compact(nodes);
