@@ -2,8 +2,85 @@
 
 #![allow(dead_code)] // each test binary uses part of it
 
+//!
+//! One global subscriber, installed once per test binary, writes each event
+//! to the [`Logs`] capturing on the thread that emitted it. Not a
+//! thread-local dispatcher: tracing caches each callsite's interest when it
+//! is first hit, and a test on another thread hitting it first, with no
+//! dispatcher of its own, could make it invisible to a capture (seen as a
+//! test that captured nothing, now and then, on a loaded machine).
+
+use std::cell::RefCell;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tracing_subscriber::fmt::MakeWriter;
+
+thread_local! {
+    static CURRENT: RefCell<Option<Logs>> = const { RefCell::new(None) };
+}
+
+fn install() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(Routed)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("no other global subscriber in a test binary that captures logs");
+    });
+}
+
+/// Ends a capture: the thread goes back to what it captured before.
+pub struct Capturing {
+    previous: Option<Logs>,
+}
+
+impl Drop for Capturing {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|current| *current.borrow_mut() = previous);
+    }
+}
+
+/// Writes an event to the thread's capture, if it wants its level.
+struct Routed;
+
+impl<'a> MakeWriter<'a> for Routed {
+    type Writer = RoutedWriter;
+
+    fn make_writer(&'a self) -> RoutedWriter {
+        RoutedWriter(None)
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> RoutedWriter {
+        RoutedWriter(CURRENT.with(|current| {
+            current
+                .borrow()
+                .as_ref()
+                .filter(|logs| *meta.level() <= logs.level)
+                .cloned()
+        }))
+    }
+}
+
+/// The writer of one event: the capture's buffer, or nowhere.
+struct RoutedWriter(Option<Logs>);
+
+impl Write for RoutedWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if let Some(logs) = &mut self.0 {
+            logs.write(bytes)?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// The formatted log lines written so far, of one level and above.
 #[derive(Clone)]
@@ -30,21 +107,15 @@ impl Logs {
 
     /// Captures the events on this thread while `run` runs.
     pub fn capture<T>(&self, run: impl FnOnce() -> T) -> T {
-        tracing::subscriber::with_default(self.subscriber(), run)
+        let _capturing = self.set_default();
+        run()
     }
 
     /// Captures on this thread until the guard is dropped.
-    pub fn set_default(&self) -> tracing::subscriber::DefaultGuard {
-        tracing::subscriber::set_default(self.subscriber())
-    }
-
-    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
-        let logs = self.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(self.level)
-            .with_ansi(false)
-            .with_writer(move || logs.clone())
-            .finish()
+    pub fn set_default(&self) -> Capturing {
+        install();
+        let previous = CURRENT.with(|current| current.replace(Some(self.clone())));
+        Capturing { previous }
     }
 
     /// Everything captured.
