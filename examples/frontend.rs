@@ -280,8 +280,9 @@ fn worker_label(base: &Uri) -> String {
 /// One worker's HTTP/1.1 client: sends a request to the worker's address,
 /// keeping its path and query.
 ///
-/// A worker it cannot connect to answers `503` with `Retry-After: 1`, as an
-/// overloaded one would: the request never reached it, so it is retried
+/// A worker it cannot connect to answers `503` with `Retry-After: 1` and
+/// `x-admission-rejection-scope: worker`, as an overloaded gate would: the
+/// request never reached it, so it is retried
 /// elsewhere, and the worker leaves rotation for a second instead of
 /// attracting requests by failing them fast (it has no requests in flight,
 /// the lightest load there is).
@@ -336,6 +337,9 @@ fn unreachable(
         .status(StatusCode::SERVICE_UNAVAILABLE)
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::RETRY_AFTER, "1")
+        // The request never left the frontend: say so as the gate does,
+        // so that the retry policy sends it elsewhere whatever its method.
+        .header("x-admission-rejection-scope", "worker")
         .body(http_body_util::Either::Right(Full::new(Bytes::from(
             body.to_string(),
         ))))

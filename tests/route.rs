@@ -834,10 +834,11 @@ fn a_deadline_past_what_the_clock_holds_does_not_panic() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_overload_the_engine_answered_is_not_resent_unless_idempotent() {
+async fn an_overload_that_may_follow_work_is_resent_only_for_idempotent_methods() {
+    /// Answers `503` marked as `headers` say, counting the sends.
     #[derive(Clone)]
-    struct EngineBusy(Arc<Mutex<usize>>);
-    impl Service<Request<Body>> for EngineBusy {
+    struct Unavailable(Arc<Mutex<usize>>, &'static [(&'static str, &'static str)]);
+    impl Service<Request<Body>> for Unavailable {
         type Response = Response<Body>;
         type Error = Infallible;
         type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
@@ -846,25 +847,39 @@ async fn an_overload_the_engine_answered_is_not_resent_unless_idempotent() {
         }
         fn call(&mut self, _: Request<Body>) -> Self::Future {
             *self.0.lock().unwrap() += 1;
-            // The engine's own 503, passed on by the sidecar.
-            let response = Response::builder()
-                .status(503)
-                .header("x-admission-origin", "engine")
+            let mut response = Response::builder().status(503);
+            for (name, value) in self.1 {
+                response = response.header(*name, *value);
+            }
+            let response = response
                 .body(Full::new(Bytes::from_static(b"busy")))
                 .unwrap();
             std::future::ready(Ok(response))
         }
     }
-    for (method, sends) in [(http::Method::POST, 1), (http::Method::GET, 4)] {
+    let engine: &'static [(&str, &str)] = &[("x-admission-origin", "engine")];
+    let plain: &'static [(&str, &str)] = &[];
+    let gate: &'static [(&str, &str)] = &[("x-admission-rejection-scope", "worker")];
+    for (marks, method, sends) in [
+        // The engine's own, through the sidecar: it saw the request.
+        (engine, http::Method::POST, 1),
+        (engine, http::Method::GET, 4),
+        // A plain 503: a handler may have done the work before failing.
+        (plain, http::Method::POST, 1),
+        (plain, http::Method::PUT, 4),
+        // The gate's own: the request never reached the engine.
+        (gate, http::Method::POST, 4),
+    ] {
         let sent = Arc::new(Mutex::new(0));
         let policy = OverloadRetry::new(budget(100, 0.1)).max_retries(3);
-        let mut service = retrying(EngineBusy(Arc::clone(&sent)), policy);
+        let mut service = retrying(Unavailable(Arc::clone(&sent), marks), policy);
         let mut request = request();
         *request.method_mut() = method.clone();
         let answer = service.ready().await.unwrap().call(request).await.unwrap();
         assert_eq!(answer.status(), 503);
-        assert_eq!(*sent.lock().unwrap(), sends, "{method}");
+        assert_eq!(*sent.lock().unwrap(), sends, "{method} {marks:?}");
         let read = OverloadAnswer::read(&answer).unwrap();
-        assert!(read.from_engine && !read.from_gate);
+        assert_eq!(read.from_gate, marks == gate);
+        assert_eq!(read.from_engine, marks == engine);
     }
 }

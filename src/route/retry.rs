@@ -151,6 +151,15 @@ pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 ///   [`Deadline`] is not made.
 /// - **Replay**: a request whose body cannot be replayed
 ///   ([`ReplayBody`] answers `None`) is sent once.
+/// - **Only what never ran**: an answer with the gate's
+///   `x-admission-rejection-scope` header was decided before the engine saw
+///   the request, so it is retried whatever the method. Any other overload
+///   answer (a `529` or `503` without the header, a gRPC `UNAVAILABLE`
+///   without it, an engine's own answer passed on by the sidecar) is retried
+///   only for idempotent methods (`GET`, `HEAD`, `PUT`, `DELETE`, …): a
+///   `POST` whose handler failed after doing the work is not run twice. A
+///   proxy that knows a request never left it (a worker it could not
+///   connect to) says so with the scope header.
 ///
 /// Transport errors are not retried: the request may have reached the
 /// engine.
@@ -292,10 +301,11 @@ where
         self.sends += 1;
         let response = result.as_ref().ok()?;
         let answer = OverloadAnswer::read(response)?;
-        // The engine's own overload answer (through the sidecar) came after
-        // the engine saw the request: sent again, a request that is not
-        // idempotent might run twice.
-        if answer.from_engine && !request.method().is_idempotent() {
+        // Only the gate's own answer says the request never reached the
+        // engine. Any other overload status (a plain 503 from a handler that
+        // did the work, an engine's own through the sidecar) may follow work
+        // done: sent again, a request that is not idempotent might run twice.
+        if !answer.from_gate && !request.method().is_idempotent() {
             return None;
         }
         if !answer.retry_allowed || self.sends > self.max_retries {
