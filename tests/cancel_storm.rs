@@ -11,11 +11,9 @@
 //! baseline and freed after the last measurement, so the difference is the
 //! gate's own. One test measures at a time (`MEASURING`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 use tower_admission::{Acquire, AdmissionConfig, Descriptor, EngineCapacity, Gate, Permit, Tenant};
@@ -28,62 +26,12 @@ use rng::Rng;
 
 // ---- a counting allocator ----
 
-struct Counting;
-
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's arguments and
-// only adds bookkeeping of the sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is.
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is.
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded as is.
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
-        if !new.is_null() {
-            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
-            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        new
-    }
-}
+#[path = "support/alloc.rs"]
+mod alloc;
+use alloc::{Counting, live_bytes, measuring};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-fn live_bytes() -> usize {
-    LIVE_BYTES.load(Ordering::Relaxed)
-}
-
-/// Live bytes are counted for the whole process: tests measure one at a time.
-fn measuring() -> MutexGuard<'static, ()> {
-    static MEASURING: Mutex<()> = Mutex::new(());
-    MEASURING
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// What an emptied queue may keep: the gate keeps a few dozen entries'
 /// worth of slab for the next burst (64 entries of well under 256 bytes).
