@@ -40,9 +40,14 @@
 //! SIGTERM stops it: no new connections, and open responses get a few
 //! seconds to finish.
 //!
-//! Requests pass the gate before their body is read: an overloaded server
-//! answers even a malformed request with its overload answer. Errors of the
-//! request itself are `400` with an OpenAI-style body (`"type":
+//! Each generation request's body is read first, before the gate
+//! (`OpenAiCostLayer`, the outermost layer), so its prompt and output
+//! tokens are known when the gate weighs it: at most 64 bodies are read at
+//! once (more get the worker-scoped `529`, reason `body_reads`), each must
+//! arrive within 30 s (else `408`) and within 4 MiB (else `413`), and a
+//! prompt longer than `--max-model-len` is `400`, all before admission.
+//! Then the gate: an overloaded server answers with its overload answer
+//! before the handler looks at the request. Errors of the request itself are `400` with an OpenAI-style body (`"type":
 //! "invalid_request_error"`). Prompt tokens are estimated from the text (four
 //! bytes a token); the answer is `max_completion_tokens` or `max_tokens`
 //! synthetic words (`finish_reason: "length"`), or `--default-max-tokens`
@@ -262,7 +267,7 @@ async fn main() -> ExitCode {
             )
             // Outside admission, so each request's prompt and output tokens
             // are known when the gate weighs it against the token limits.
-            .route_layer(OpenAiCostLayer::new());
+            .route_layer(OpenAiCostLayer::new().max_model_len(args.engine.max_model_len.get()));
         let tokens =
             |limit: Option<usize>| limit.map_or_else(|| "off".to_owned(), |n| n.to_string());
         format!(

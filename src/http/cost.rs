@@ -29,10 +29,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -175,6 +177,13 @@ type Tokenizer = Arc<dyn Fn(&str) -> usize + Send + Sync>;
 /// The default body bound of [`OpenAiCostLayer`]: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
+/// The default bound on concurrent body reads of one [`OpenAiCostLayer`]
+/// (and all its clones): 64.
+pub const DEFAULT_MAX_CONCURRENT_READS: usize = 64;
+
+/// The default time a body has to arrive whole: 30 seconds.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Reads an OpenAI request body before admission and sets the request's
 /// [`Cost`]: prompt tokens estimated from the prompt text (`messages[].content`
 /// of a chat completion, `prompt` of a completion, `input` and
@@ -182,17 +191,52 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 /// bytes / 4; maximum output tokens from `max_completion_tokens`,
 /// `max_tokens` or `max_output_tokens`. The body is handed on unchanged.
 ///
+/// What is counted:
+///
+/// * text: strings, arrays of strings (each string's estimate, joined by
+///   newlines for the tokenizer), and content parts or input items
+///   (`{"type":"text","text":…}`, `{"role":…,"content":…}`);
+/// * token IDs: each number in a prompt array is one token, so
+///   `"prompt": [1, 2, 3]` counts 3 and a list of lists counts the sum
+///   (added to the text estimate, never passed to the tokenizer);
+/// * **nothing else**: images, audio, files, tool definitions and tool
+///   calls, `response_format` schemas and every other part the estimator
+///   cannot see count 0 tokens. A trusted router that knows better can set
+///   the [`Cost`] itself ([`CostLayer`]).
+///
+/// Before admission, in this order:
+///
+/// * At most [`max_concurrent_reads`](Self::max_concurrent_reads) bodies
+///   (64 unless set) are read at once, counted across every clone of the
+///   layer (clones share the count). A request beyond that is answered at
+///   once, never left waiting unseen, with the gate's worker-scoped
+///   overload answer: `529`, `x-admission-rejection-scope: worker`,
+///   `x-admission-rejection-reason: body_reads`, `retry-after: 1` and an
+///   OpenAI-style JSON body (`"type": "overloaded"`, `"code": 529`,
+///   `"reason": "body_reads"`).
 /// * A body larger than the bound (4 MiB unless set) is answered `413`
-///   with an OpenAI-style JSON error before admission: it costs the gate
-///   nothing. A `content-length` above the bound is answered without
-///   reading the body.
+///   with an OpenAI-style JSON error: it costs the gate nothing. A
+///   `content-length` above the bound is answered without reading the body.
+/// * A body that has not arrived whole within the
+///   [`read_timeout`](Self::read_timeout) (30 s unless set) is answered
+///   `408` with an OpenAI-style JSON error. The timer is tokio's: the
+///   server must run on a tokio runtime with its time driver enabled (as
+///   axum and hyper servers do).
 /// * A body that is not JSON, or not an object, passes through with no
 ///   cost, for the handler to reject as it would have anyway.
 /// * A body that fails while being read is answered `400`.
+/// * With a [`max_model_len`](Self::max_model_len), a prompt whose estimate
+///   alone exceeds it is answered `400` (`invalid_request_error`, code
+///   400, naming the estimate and the limit), as engines answer it.
 #[derive(Clone)]
 pub struct OpenAiCostLayer {
     max_body_bytes: usize,
     tokenizer: Option<Tokenizer>,
+    max_model_len: Option<usize>,
+    max_concurrent_reads: usize,
+    read_timeout: Duration,
+    /// Bodies being read now, by this layer and all its clones.
+    reading: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for OpenAiCostLayer {
@@ -200,6 +244,9 @@ impl std::fmt::Debug for OpenAiCostLayer {
         f.debug_struct("OpenAiCostLayer")
             .field("max_body_bytes", &self.max_body_bytes)
             .field("tokenizer", &self.tokenizer.as_ref().map(|_| "custom"))
+            .field("max_model_len", &self.max_model_len)
+            .field("max_concurrent_reads", &self.max_concurrent_reads)
+            .field("read_timeout", &self.read_timeout)
             .finish()
     }
 }
@@ -209,12 +256,17 @@ impl Default for OpenAiCostLayer {
         OpenAiCostLayer {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             tokenizer: None,
+            max_model_len: None,
+            max_concurrent_reads: DEFAULT_MAX_CONCURRENT_READS,
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            reading: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
 
 impl OpenAiCostLayer {
-    /// Bytes / 4 as the token estimate, a 4 MiB body bound.
+    /// Bytes / 4 as the token estimate, a 4 MiB body bound, at most 64
+    /// bodies read at once, 30 s for a body to arrive, no context limit.
     pub fn new() -> Self {
         Self::default()
     }
@@ -230,6 +282,55 @@ impl OpenAiCostLayer {
     pub fn tokenizer(mut self, tokenizer: impl Fn(&str) -> usize + Send + Sync + 'static) -> Self {
         self.tokenizer = Some(Arc::new(tokenizer));
         self
+    }
+
+    /// The engine's context length in tokens (vLLM's `--max-model-len`).
+    /// A request's output tokens count as `min(max_tokens, tokens - prompt)`
+    /// (saturating), so a client's `"max_tokens": 1e12` costs no more than
+    /// the context it can fill; a request without a maximum keeps an
+    /// unknown output (0 tokens). A request whose estimated prompt alone
+    /// exceeds `tokens` is answered `400` before admission. An oversized
+    /// request therefore costs at most `tokens` engine tokens, and one
+    /// larger than a token limit still runs alone (SPEC §7). Default: no
+    /// limit, the client's `max_tokens` taken as sent.
+    pub fn max_model_len(mut self, tokens: usize) -> Self {
+        self.max_model_len = Some(tokens);
+        self
+    }
+
+    /// How many bodies this layer and its clones read at once; a request
+    /// beyond that is answered `529` (reason `body_reads`) at once.
+    /// Default [`DEFAULT_MAX_CONCURRENT_READS`].
+    pub fn max_concurrent_reads(mut self, reads: usize) -> Self {
+        self.max_concurrent_reads = reads;
+        self
+    }
+
+    /// How long a body has to arrive whole; a slower one is answered `408`.
+    /// Default [`DEFAULT_READ_TIMEOUT`].
+    pub fn read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
+        self
+    }
+}
+
+/// One body read in progress; the count goes down when it is dropped.
+struct ReadSlot(Arc<AtomicUsize>);
+
+impl ReadSlot {
+    fn take(reading: &Arc<AtomicUsize>, limit: usize) -> Option<ReadSlot> {
+        reading
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now < limit).then_some(now + 1)
+            })
+            .ok()
+            .map(|_| ReadSlot(Arc::clone(reading)))
+    }
+}
+
+impl Drop for ReadSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -283,28 +384,66 @@ where
                 return Ok(error_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     &too_large_message(layer.max_body_bytes),
-                    "request_too_large",
+                    Value::from("request_too_large"),
                 ));
             }
-            let bytes = match read_bounded(body, layer.max_body_bytes).await {
-                Ok(bytes) => bytes,
-                Err(ReadError::TooLarge) => {
+            let Some(slot) = ReadSlot::take(&layer.reading, layer.max_concurrent_reads) else {
+                return Ok(overloaded_response());
+            };
+            let read =
+                tokio::time::timeout(layer.read_timeout, read_bounded(body, layer.max_body_bytes))
+                    .await;
+            drop(slot);
+            let bytes = match read {
+                Ok(Ok(bytes)) => bytes,
+                Err(_elapsed) => {
+                    let message = format!(
+                        "the request body did not arrive within {} ms",
+                        layer.read_timeout.as_millis()
+                    );
+                    return Ok(error_response(
+                        StatusCode::REQUEST_TIMEOUT,
+                        &message,
+                        Value::from(408),
+                    ));
+                }
+                Ok(Err(ReadError::TooLarge)) => {
                     return Ok(error_response(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         &too_large_message(layer.max_body_bytes),
-                        "request_too_large",
+                        Value::from("request_too_large"),
                     ));
                 }
-                Err(ReadError::Body(error)) => {
+                Ok(Err(ReadError::Body(error))) => {
                     let message = format!("could not read the request body: {error}");
                     return Ok(error_response(
                         StatusCode::BAD_REQUEST,
                         &message,
-                        "invalid_body",
+                        Value::from("invalid_body"),
                     ));
                 }
             };
-            if let Some(cost) = estimate(&bytes, layer.tokenizer.as_deref()) {
+            if let Some(mut cost) = estimate(&bytes, layer.tokenizer.as_deref()) {
+                if let Some(limit) = layer.max_model_len {
+                    if cost.prompt_tokens > limit {
+                        let message = format!(
+                            "This model's maximum context length is {limit} tokens. However, \
+                             your request has an estimated {} input tokens. Please reduce the \
+                             length of the input.",
+                            cost.prompt_tokens
+                        );
+                        return Ok(error_response(
+                            StatusCode::BAD_REQUEST,
+                            &message,
+                            Value::from(400),
+                        ));
+                    }
+                    let room = limit.saturating_sub(cost.prompt_tokens);
+                    cost = Cost::new(
+                        cost.prompt_tokens,
+                        cost.max_output_tokens.map(|asked| asked.min(room)),
+                    );
+                }
                 parts.extensions.insert(cost);
             }
             let req = Request::from_parts(parts, B::from(bytes));
@@ -360,6 +499,12 @@ where
 
 /// The cost an OpenAI request body declares, or `None` when it is not a
 /// JSON object.
+///
+/// The body is parsed into a [`Value`] still, because a typed (streaming)
+/// parse would reject a body whose ignored fields have unexpected types,
+/// where this one estimates what it can; the prompt itself is not copied:
+/// its strings are borrowed from the parsed document and only joined when a
+/// tokenizer asks for one text.
 fn estimate(
     body: &[u8],
     tokenizer: Option<&(dyn Fn(&str) -> usize + Send + Sync)>,
@@ -367,19 +512,20 @@ fn estimate(
     let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
         return None;
     };
-    let mut prompt = String::new();
+    let mut prompt = Prompt::default();
     if let Some(messages) = request.get("messages").and_then(Value::as_array) {
         for message in messages {
-            collect_text(message.get("content"), &mut prompt);
+            prompt.collect(message.get("content"));
         }
     }
     for field in ["prompt", "input", "instructions"] {
-        collect_text(request.get(field), &mut prompt);
+        prompt.collect(request.get(field));
     }
-    let prompt_tokens = match tokenizer {
-        Some(count) => count(&prompt),
-        None => prompt.len().div_ceil(4),
+    let text_tokens = match tokenizer {
+        Some(count) => count(&prompt.joined()),
+        None => prompt.joined_len().div_ceil(4),
     };
+    let prompt_tokens = text_tokens.saturating_add(prompt.token_ids);
     let max_output_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
         .find_map(|field| request.get(*field)?.as_u64())
@@ -387,34 +533,61 @@ fn estimate(
     Some(Cost::new(prompt_tokens, max_output_tokens))
 }
 
-/// Appends the text of a prompt field: a string, an array of strings, or
-/// an array of content parts (`{"type":"text","text":…}`) or input items
-/// (`{"role":…,"content":…}`).
-fn collect_text(value: Option<&Value>, out: &mut String) {
-    match value {
-        Some(Value::String(text)) => {
+/// A prompt's texts, borrowed from the parsed body, and its token IDs.
+#[derive(Default)]
+struct Prompt<'a> {
+    texts: Vec<&'a str>,
+    token_ids: usize,
+}
+
+impl<'a> Prompt<'a> {
+    /// Takes the text of a prompt field: a string, an array of strings or
+    /// token IDs (numbers, one token each, nested lists summed), or an
+    /// array of content parts (`{"type":"text","text":…}`) or input items
+    /// (`{"role":…,"content":…}`).
+    fn collect(&mut self, value: Option<&'a Value>) {
+        match value {
+            Some(Value::String(text)) => self.texts.push(text),
+            Some(Value::Array(items)) => {
+                for item in items {
+                    match item {
+                        Value::Object(part) => {
+                            self.collect(part.get("text"));
+                            self.collect(part.get("content"));
+                        }
+                        Value::Number(_) => self.token_ids = self.token_ids.saturating_add(1),
+                        other => self.collect(Some(other)),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The texts joined by newlines, a newline before each text that
+    /// follows non-empty ones.
+    fn joined(&self) -> String {
+        let mut out = String::with_capacity(self.joined_len());
+        for text in &self.texts {
             if !out.is_empty() {
                 out.push('\n');
             }
             out.push_str(text);
         }
-        Some(Value::Array(items)) => {
-            for item in items {
-                match item {
-                    Value::Object(part) => {
-                        collect_text(part.get("text"), out);
-                        collect_text(part.get("content"), out);
-                    }
-                    other => collect_text(Some(other), out),
-                }
-            }
-        }
-        _ => {}
+        out
+    }
+
+    /// The length of [`joined`](Self::joined), without joining.
+    fn joined_len(&self) -> usize {
+        self.texts.iter().fold(0usize, |len, text| {
+            let newline = usize::from(len > 0);
+            len.saturating_add(newline).saturating_add(text.len())
+        })
     }
 }
 
 /// An OpenAI-style error response.
-fn error_response<B>(status: StatusCode, message: &str, code: &str) -> Response<CostBody<B>> {
+fn error_response<B>(status: StatusCode, message: &str, code: Value) -> Response<CostBody<B>> {
     let json = serde_json::json!({
         "error": {
             "message": message,
@@ -428,6 +601,38 @@ fn error_response<B>(status: StatusCode, message: &str, code: &str) -> Response<
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The gate's worker-scoped overload answer, for a request beyond the
+/// concurrent body reads: the same status, headers and JSON members.
+fn overloaded_response<B>() -> Response<CostBody<B>> {
+    const STATUS: u16 = super::reject::SITE_OVERLOADED;
+    let json = serde_json::json!({
+        "error": {
+            "message": "overloaded: too many request bodies are being read at once",
+            "type": "overloaded",
+            "param": null,
+            "code": STATUS,
+            "scope": "worker",
+            "rank": null,
+            "reason": "body_reads",
+        }
+    });
+    let mut response = Response::new(CostBody::answer(Bytes::from(json.to_string())));
+    *response.status_mut() = StatusCode::from_u16(STATUS).expect("529 is a valid status code");
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(super::REJECTION_SCOPE, HeaderValue::from_static("worker"));
+    headers.insert(
+        super::REJECTION_REASON,
+        HeaderValue::from_static("body_reads"),
+    );
+    headers.insert(RETRY_AFTER, HeaderValue::from(1u32));
+    #[cfg(feature = "hyper")]
+    response
+        .extensions_mut()
+        .insert(hyper::ext::ReasonPhrase::from_static(b"Site is overloaded"));
     response
 }
 
@@ -543,6 +748,43 @@ mod tests {
             ),
             Some(Cost::new("hi\nbe brief".len(), Some(7)))
         );
+    }
+
+    #[test]
+    fn prompts_as_token_ids_count_one_token_each() {
+        let ids = serde_json::json!({"prompt": [1, 2, 3]});
+        assert_eq!(
+            estimate(ids.to_string().as_bytes(), None),
+            Some(Cost::prompt(3))
+        );
+        let lists = serde_json::json!({"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 2});
+        assert_eq!(
+            estimate(lists.to_string().as_bytes(), Some(&|_: &str| 0)),
+            Some(Cost::new(5, Some(2)))
+        );
+        // A list of strings counts each string's estimate (4 bytes each here).
+        let strings = serde_json::json!({"prompt": ["aaaaaaaa", "bbbb"]});
+        assert_eq!(
+            estimate(strings.to_string().as_bytes(), None),
+            Some(Cost::prompt(4))
+        );
+    }
+
+    #[test]
+    fn the_joined_length_is_the_length_of_the_joined_text() {
+        for texts in [
+            vec![],
+            vec![""],
+            vec!["", "ab"],
+            vec!["ab", "", "c"],
+            vec!["a", "b"],
+        ] {
+            let prompt = Prompt {
+                texts: texts.clone(),
+                token_ids: 0,
+            };
+            assert_eq!(prompt.joined_len(), prompt.joined().len(), "{texts:?}");
+        }
     }
 
     #[test]

@@ -328,8 +328,8 @@ pub use self::body::ResponseBody;
 pub use self::admitted::Admitted;
 pub use self::bypass::{Bypass, BypassPaths, NoBypass};
 pub use self::cost::{
-    CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES, OpenAiCost,
-    OpenAiCostLayer, SetCost,
+    CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONCURRENT_READS, DEFAULT_READ_TIMEOUT, OpenAiCost, OpenAiCostLayer, SetCost,
 };
 pub use self::first_token::FirstToken;
 pub use self::future::ResponseFuture;
