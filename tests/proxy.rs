@@ -1088,3 +1088,27 @@ async fn in_front_of_vllm_the_binary_requires_max_num_seqs() {
         "{banner}"
     );
 }
+
+#[tokio::test]
+async fn with_a_context_length_a_prompt_beyond_it_is_400_before_admission() {
+    let mut engine = engine(1).await;
+    let cost = tower_admission::http::OpenAiCostLayer::new().max_model_len(10);
+    let sidecar = sidecar(small_gate(), &engine.url, options(), |b| b.cost_layer(cost)).await;
+    let long = format!(
+        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "word ".repeat(100)
+    );
+    let response = within(
+        client()
+            .post(format!("{}/v1/chat/completions", sidecar.url))
+            .body(long)
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 400);
+    let json: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(json["error"]["type"], "invalid_request_error");
+    assert_eq!(sidecar.gate.snapshot().tally.received, 0);
+    assert!(engine.arrivals.try_recv().is_err());
+}

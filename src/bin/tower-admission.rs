@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tower_admission::http::OpenAiCostLayer;
 use tower_admission::proxy::{
     self, DEFAULT_ADMIT_PATHS, DiscoveryTiming, EngineReport, Sidecar, Upstream, UpstreamOptions,
     UpstreamUrl,
@@ -89,10 +90,17 @@ struct Args {
     #[arg(long, env = "TOWER_ADMISSION_TRUST_ROUTER_HEADERS")]
     trust_router_headers: bool,
 
-    /// Read each admitted request's OpenAI body (up to 4 MiB) to estimate its
-    /// token cost for the token limits; bodies stream otherwise.
+    /// Read each admitted request's OpenAI body (up to 4 MiB, 64 at once, 30 s
+    /// each) to estimate its token cost for the token limits; bodies stream
+    /// otherwise.
     #[arg(long)]
     estimate_cost: bool,
+
+    /// With --estimate-cost: the engine's context length; a request's
+    /// max_tokens counts at most what its prompt leaves of it, and a prompt
+    /// longer than it is answered 400 before admission.
+    #[arg(long, value_name = "TOKENS", allow_negative_numbers = true, value_parser = positive, requires = "estimate_cost")]
+    max_model_len: Option<NonZeroUsize>,
 
     /// Status of the gate's overload answers.
     #[arg(long, value_name = "STATUS", default_value = "529", value_parser = overload_status)]
@@ -257,6 +265,13 @@ async fn main() -> ExitCode {
         args.admit_paths.clone()
     };
     builder = builder.admit_paths(paths.clone());
+    if args.estimate_cost {
+        let mut cost = OpenAiCostLayer::new();
+        if let Some(tokens) = args.max_model_len {
+            cost = cost.max_model_len(tokens.get());
+        }
+        builder = builder.cost_layer(cost);
+    }
     let (sidecar, drain) = builder.build();
 
     let listener = match tokio::net::TcpListener::bind(args.listen).await {

@@ -96,7 +96,7 @@ pub struct SidecarBuilder {
     upstream: Upstream,
     paths: Vec<String>,
     trust_router_headers: bool,
-    estimate_cost: bool,
+    cost: Option<OpenAiCostLayer>,
     overload_status: StatusCode,
     metrics: Option<RenderMetrics>,
     merge_engine_metrics: bool,
@@ -135,7 +135,7 @@ impl Sidecar {
             upstream,
             paths: DEFAULT_ADMIT_PATHS.iter().map(|&p| p.to_owned()).collect(),
             trust_router_headers: false,
-            estimate_cost: false,
+            cost: None,
             overload_status: StatusCode::from_u16(529).expect("529 is a status"),
             metrics: None,
             merge_engine_metrics: false,
@@ -177,7 +177,15 @@ impl SidecarBuilder {
     /// ([`OpenAiCostLayer`]: the body is read, up to its bound, before the
     /// gate decides), for the token limits. Off by default: bodies stream.
     pub fn estimate_cost(mut self, estimate: bool) -> Self {
-        self.estimate_cost = estimate;
+        self.cost = estimate.then(OpenAiCostLayer::new);
+        self
+    }
+
+    /// Estimates each admitted request's token cost with `layer`, an
+    /// [`OpenAiCostLayer`] configured as you need (its `max_model_len`,
+    /// body bound, concurrent reads, read timeout, tokenizer).
+    pub fn cost_layer(mut self, layer: OpenAiCostLayer) -> Self {
+        self.cost = Some(layer);
         self
     }
 
@@ -210,18 +218,17 @@ impl SidecarBuilder {
     pub fn build(self) -> (Sidecar, Drain) {
         let layer = AdmissionLayer::new(self.gate.clone()).overload_status(self.overload_status);
         let upstream = self.upstream.clone();
-        let admitted: Admitted = match (self.trust_router_headers, self.estimate_cost) {
-            (false, false) => boxed(layer.layer(upstream)),
-            (false, true) => boxed(OpenAiCostLayer::new().layer(layer.layer(upstream))),
-            (true, estimate) => {
+        let admitted: Admitted = match (self.trust_router_headers, self.cost) {
+            (false, None) => boxed(layer.layer(upstream)),
+            (false, Some(cost)) => boxed(cost.layer(layer.layer(upstream))),
+            (true, cost) => {
                 let layer = layer
                     .rank(RankHeader::default())
                     .qos_headers(QosHeaders::default())
                     .deadline_header(DEADLINE_HEADER);
-                if estimate {
-                    boxed(OpenAiCostLayer::new().layer(layer.layer(upstream)))
-                } else {
-                    boxed(layer.layer(upstream))
+                match cost {
+                    Some(cost) => boxed(cost.layer(layer.layer(upstream))),
+                    None => boxed(layer.layer(upstream)),
                 }
             }
         };
