@@ -143,11 +143,7 @@ fn start_sidecar(engine: &Engine, args: &[&str]) -> Sidecar {
         &all,
         &[("RUST_LOG", "info")],
     );
-    let url = process.wait_for_stdout("listening address", |text| {
-        let line = text.lines().next()?;
-        text.contains('\n')
-            .then(|| line.strip_prefix("listening on ").map(str::to_owned))?
-    });
+    let url = process.listening_url();
     Sidecar { url, process }
 }
 

@@ -956,11 +956,7 @@ async fn the_binary_takes_its_capacity_from_the_flag_and_drains_on_sigterm() {
         ],
         &[],
     );
-    let url = process.wait_for_stdout("listening address", |text| {
-        let line = text.lines().next()?;
-        text.contains('\n')
-            .then(|| line.strip_prefix("listening on ").map(str::to_owned))?
-    });
+    let url = process.listening_url();
     let banner = process.wait_for_stdout("banner", |text| {
         text.contains("admitted: POST").then(|| text.to_owned())
     });

@@ -261,6 +261,16 @@ impl Process {
         })
     }
 
+    /// The `http://…` address of a server whose first line of stdout is
+    /// `listening on http://…`, once that line is whole.
+    #[track_caller]
+    pub fn listening_url(&self) -> String {
+        self.wait_for_stdout("listening address", |text| {
+            let (line, _) = text.split_once('\n')?;
+            line.strip_prefix("listening on ").map(str::to_owned)
+        })
+    }
+
     /// Waits for the child to exit, then returns its status, stdout and
     /// stderr. Panics if it is still running after `PATIENCE`.
     #[track_caller]
