@@ -32,7 +32,7 @@ use super::observe::{
     Arrived, BucketEvent, BucketView, Configured, Observation, Observed, Observer, Stamp, contain,
 };
 use super::permit::Permit;
-use super::state::{Arrival, Class, Demand, Expiry, Grant, Polled, State, Ticket};
+use super::state::{Arrival, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
 use crate::DefaultObserver;
 use crate::config::{AdmissionConfig, Clock, EngineCapacity, Limits, LimitsInForce};
@@ -157,7 +157,6 @@ impl Gate {
     /// # });
     /// ```
     pub fn acquire_with(&self, descriptor: Descriptor) -> Acquire {
-        let rank = descriptor.rank;
         // Read the clocks (observers', deadlines') before taking the lock.
         let now = Stamp::now();
         let time = match descriptor.deadline {
@@ -170,21 +169,9 @@ impl Gate {
             queued_at: now,
             offered_at: now,
         };
-        self.advance(&mut state, time);
-        let class = Class {
-            priority: descriptor.priority,
-            tenant: descriptor.tenant,
-        };
-        let arrival = state.arrive_as(
-            rank,
-            Demand::of(descriptor.cost),
-            descriptor.deadline,
-            class,
-            waiter,
-        );
-        let concerned = Concerned::tally_of(state.recognised(rank));
+        let (arrival, rank) = state.receive(&descriptor, time, waiter);
         // An arrival offers nothing, so this only observes.
-        self.end_event(state, concerned);
+        self.end_event(state, Concerned::tally_of(rank));
         let step = match arrival {
             Arrival::Admitted(grant) => {
                 Step::Decided(Some(Ok(Permit::new(self.clone(), grant, now))))

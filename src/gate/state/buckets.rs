@@ -79,11 +79,6 @@ impl<T> State<T> {
         self.current_bucket(grant.held).rank()
     }
 
-    /// The rank requests for `rank` are counted under right now.
-    pub(crate) fn recognised(&self, rank: Option<u32>) -> Option<u32> {
-        self.recognise(rank).rank()
-    }
-
     /// Every rank ever recognised, vanished ones included (they keep their
     /// tallies): observers see `0..known_ranks()`.
     pub(crate) fn known_ranks(&self) -> usize {

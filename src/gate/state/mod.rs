@@ -51,12 +51,14 @@
 //! class — one band, no tenant — it is FIFO by arrival.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+#[cfg(test)]
+use std::time::Duration;
+use std::time::Instant;
 
 use slab::Slab;
 
 use self::queue::{Ladder, Node, Nodes};
-use super::types::{AdmitSource, Counts, Overloaded, RejectionReason, Tenant};
+use super::types::{AdmitSource, Counts, Descriptor, Overloaded, RejectionReason, Tenant};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
 mod accounting;
@@ -159,7 +161,10 @@ pub(crate) enum Polled<'a, T> {
 /// A position in the entry slab; queues link entries by slot.
 type Slot = usize;
 
-/// A request's class of service (SPEC §8): its priority and tenant.
+/// A request's class of service (SPEC §8): its priority and tenant; the
+/// unit tests' shorthand (the state itself reads both from the request's
+/// [`Descriptor`]).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Class {
     pub(crate) priority: i32,
@@ -267,9 +272,30 @@ impl<T> State<T> {
 
     // ----- events -------------------------------------------------------
 
-    /// A request arrives, asking for `rank` (`None`, or a rank this worker
-    /// does not recognise, makes it unranked), needing `demand`, with the
-    /// client's own `deadline` (from arrival), if any.
+    /// A request arrives, as `descriptor` describes it, at `now` (the time
+    /// of the event, when the driver read one): admitted at once only if the
+    /// limits have room and nothing queued goes before it in service order;
+    /// into a full queue it may displace the newest requests of lower
+    /// bands. Returns the decision and the rank the request is counted
+    /// under (`None`: unranked, also for a rank this worker does not
+    /// recognise).
+    pub(crate) fn receive(
+        &mut self,
+        descriptor: &Descriptor,
+        now: Option<Instant>,
+        payload: T,
+    ) -> (Arrival, Option<u32>) {
+        if let Some(now) = now {
+            self.advance(now);
+        }
+        let bucket = self.recognise(descriptor.rank);
+        let arrival = self.arrive_in(bucket, descriptor, Demand::of(descriptor.cost), payload);
+        (arrival, bucket.rank())
+    }
+
+    /// A request arrives, asking for `rank`, needing `demand`, with the
+    /// client's own `deadline` (from arrival), if any; for the unit tests,
+    /// which speak in demands.
     #[cfg(test)]
     pub(crate) fn arrive(
         &mut self,
@@ -281,10 +307,8 @@ impl<T> State<T> {
         self.arrive_as(rank, demand, deadline, Class::default(), payload)
     }
 
-    /// [`arrive`](Self::arrive) for a request of a class of service: it is
-    /// admitted at once only if the limits have room and nothing queued
-    /// goes before it in service order; into a full queue it may displace
-    /// the newest requests of lower bands.
+    /// [`arrive`](Self::arrive) for a request of a class of service.
+    #[cfg(test)]
     pub(crate) fn arrive_as(
         &mut self,
         rank: Option<u32>,
@@ -293,16 +317,34 @@ impl<T> State<T> {
         class: Class,
         payload: T,
     ) -> Arrival {
+        let mut descriptor = Descriptor::new()
+            .with_rank(rank)
+            .with_priority(class.priority);
+        descriptor.tenant = class.tenant;
+        descriptor.deadline = deadline;
         let bucket = self.recognise(rank);
+        self.arrive_in(bucket, &descriptor, demand, payload)
+    }
+
+    /// The arrival of [`receive`](Self::receive), in the bucket it was
+    /// recognised in, needing `demand`.
+    fn arrive_in(
+        &mut self,
+        bucket: BucketKey,
+        descriptor: &Descriptor,
+        demand: Demand,
+        payload: T,
+    ) -> Arrival {
         self.bucket_mut(bucket).tally.received += 1;
-        let rung = self.ladder.rung(class.priority);
+        let rung = self.ladder.rung(descriptor.priority);
+        let tenant = descriptor.tenant;
         let now = self.now;
         let queue = match bucket {
             BucketKey::Unranked => &mut self.unranked.queue,
             BucketKey::Rank(rank) => &mut self.ranks[rank as usize].queue,
         };
         let leads = queue.is_empty()
-            || queue.would_lead(&self.entries, &self.ladder, now, rung, class.tenant);
+            || queue.would_lead(&self.entries, &self.ladder, now, rung, tenant);
         if leads && self.engine_fits(bucket, demand) {
             let grant = self.charge(bucket, demand, AdmitSource::Direct);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
@@ -324,7 +366,7 @@ impl<T> State<T> {
                 }
             }
         };
-        let budget = self.budget(deadline);
+        let budget = self.budget(descriptor.deadline);
         if let Some((budget, client)) = budget {
             if self
                 .bucket(bucket)
@@ -345,7 +387,7 @@ impl<T> State<T> {
         }
         let expires_at = budget.and_then(|(budget, _)| self.now?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
-        let ticket = self.enqueue(bucket, demand, client, class, rung, payload);
+        let ticket = self.enqueue(bucket, demand, client, tenant, rung, payload);
         if displaced || self.ladder.ages() {
             // A displaced head uncovers the next, and aging reorders heads.
             self.dequeue();
@@ -562,7 +604,7 @@ impl<T> State<T> {
         key: BucketKey,
         demand: Demand,
         client_deadline: bool,
-        class: Class,
+        tenant: Option<Tenant>,
         rung: i64,
         payload: T,
     ) -> Ticket {
@@ -572,8 +614,7 @@ impl<T> State<T> {
             // The queue starts to drain now, not at its last admission.
             self.bucket_mut(key).drain_mark = self.event_time();
         }
-        let weight = class
-            .tenant
+        let weight = tenant
             .and_then(|tenant| self.weights.get(&tenant).copied())
             .unwrap_or(1);
         // Fair shares are by tokens when the cost is known, else by requests.
@@ -582,7 +623,7 @@ impl<T> State<T> {
         let node = Node::new(
             seq,
             rung,
-            class.tenant,
+            tenant,
             service,
             weight,
             queued_at,
