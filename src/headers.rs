@@ -62,4 +62,28 @@ mod tests {
         headers.append(&name, HeaderValue::from_static("2"));
         assert_eq!(single_value(&headers, &name), None);
     }
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_protocol_defines_them() {
+        assert_eq!(parse_grpc_timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in [
+            "",
+            "S",
+            "100",
+            "123456789S",
+            "1s",
+            "-1S",
+            "1.5S",
+            "ü",
+            "1 S",
+        ] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -104,6 +104,6 @@ pub use crate::gate::{
 };
 #[cfg(feature = "http")]
 pub use crate::http::{
-    Admission, AdmissionLayer, Admitted, DataParallelRank, NoRank, Priority, QosHeaders,
+    Admission, AdmissionLayer, Admitted, DataParallelRank, Describe, NoRank, Priority, QosHeaders,
     RankExtension, RankExtractor, RankHeader,
 };

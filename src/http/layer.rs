@@ -3,12 +3,11 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::HeaderName;
 use http::{Response, StatusCode, request};
 use tower_layer::Layer;
 
 use super::bypass::NoBypass;
-use super::deadline::RequestDeadlines;
+use super::describe::{DeadlineHeader, Describer, GrpcTimeout};
 use super::qos::QosHeaders;
 use super::reject::OverloadResponder;
 use super::{Admission, NoRank};
@@ -24,15 +23,21 @@ use crate::gate::{Gate, Overloaded};
 /// the layer.
 ///
 /// See the [module docs](super) for an example.
+///
+/// Each request is described to the gate once, by the layer's describer
+/// (see [`Describe`](super::Describe)): the [`Cost`](crate::Cost),
+/// [`Priority`](super::Priority) and [`Tenant`](crate::Tenant) extensions
+/// always, then what [`qos_headers`](Self::qos_headers), [`rank`](Self::rank),
+/// [`grpc_timeout`](Self::grpc_timeout) and
+/// [`deadline_header`](Self::deadline_header) turn on, then whatever
+/// [`describe`](Self::describe) adds (`X`), in that order.
 #[derive(Debug, Clone)]
-pub struct AdmissionLayer<D = Auto, R = NoRank, P = NoBypass> {
+pub struct AdmissionLayer<D = Auto, R = NoRank, P = NoBypass, X = ()> {
     gate: Gate,
     detector: D,
-    rank: R,
     bypass: P,
     answer: OverloadResponder,
-    deadlines: RequestDeadlines,
-    qos_headers: Option<QosHeaders>,
+    describer: Describer<R, X>,
 }
 
 impl AdmissionLayer {
@@ -43,44 +48,38 @@ impl AdmissionLayer {
         AdmissionLayer {
             gate,
             detector: Auto::default(),
-            rank: NoRank,
             bypass: NoBypass,
             answer: OverloadResponder::default(),
-            deadlines: RequestDeadlines::default(),
-            qos_headers: None,
+            describer: Describer::default(),
         }
     }
 }
 
-impl<D, R, P> AdmissionLayer<D, R, P> {
+impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     /// Decides where each response's waiting ends, e.g.
     /// [`OpenAiSse`](crate::detect::OpenAiSse) for every response whatever
     /// its content type, or a detector of your own. The default, [`Auto`],
     /// chooses by content type. The detector is cloned for each request.
-    pub fn detector<D2: FirstTokenDetector>(self, detector: D2) -> AdmissionLayer<D2, R, P> {
+    pub fn detector<D2: FirstTokenDetector>(self, detector: D2) -> AdmissionLayer<D2, R, P, X> {
         AdmissionLayer {
             gate: self.gate,
             detector,
-            rank: self.rank,
             bypass: self.bypass,
             answer: self.answer,
-            deadlines: self.deadlines,
-            qos_headers: self.qos_headers,
+            describer: self.describer,
         }
     }
 
     /// Lets the requests `bypass` picks skip the gate: they are neither
     /// counted, queued nor rejected. For health checks and reflection when
     /// the layer wraps a whole server; see [`Bypass`](super::Bypass).
-    pub fn bypass<P2>(self, bypass: P2) -> AdmissionLayer<D, R, P2> {
+    pub fn bypass<P2>(self, bypass: P2) -> AdmissionLayer<D, R, P2, X> {
         AdmissionLayer {
             gate: self.gate,
             detector: self.detector,
-            rank: self.rank,
             bypass,
             answer: self.answer,
-            deadlines: self.deadlines,
-            qos_headers: self.qos_headers,
+            describer: self.describer,
         }
     }
 
@@ -88,15 +87,50 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
     /// [`RankExtractor`](super::RankExtractor) such as
     /// [`RankHeader`](super::RankHeader). Ranks must come from a trusted
     /// router, not from end users.
-    pub fn rank<R2>(self, rank: R2) -> AdmissionLayer<D, R2, P> {
+    ///
+    /// The shorthand for the rank part of the layer's describer: it
+    /// replaces the rank extractor set before (by default [`NoRank`]) and
+    /// keeps everything else the layer describes.
+    pub fn rank<R2>(self, rank: R2) -> AdmissionLayer<D, R2, P, X> {
         AdmissionLayer {
             gate: self.gate,
             detector: self.detector,
-            rank,
             bypass: self.bypass,
             answer: self.answer,
-            deadlines: self.deadlines,
-            qos_headers: self.qos_headers,
+            describer: self.describer.rank(rank),
+        }
+    }
+
+    /// Describes each request further with `describer`, a
+    /// [`Describe`](super::Describe): a closure
+    /// `Fn(&Request<B>, &mut Descriptor)`, a built-in reader such as
+    /// [`CostHeader`](super::CostHeader), or a tuple of them. It runs after
+    /// everything the layer already describes, so what it fills in wins;
+    /// calling `describe` again adds another after it.
+    ///
+    /// ```
+    /// use tower_admission::http::CostHeader;
+    /// use tower_admission::{AdmissionConfig, AdmissionLayer, Descriptor, Gate, RankHeader};
+    ///
+    /// let layer = AdmissionLayer::new(Gate::new(AdmissionConfig::new()))
+    ///     .rank(RankHeader::default())
+    ///     .describe((
+    ///         CostHeader::new("x-prompt-tokens"),
+    ///         |req: &http::Request<axum::body::Body>, descriptor: &mut Descriptor| {
+    ///             if req.uri().path() == "/v1/embeddings" {
+    ///                 descriptor.priority = -1;
+    ///             }
+    ///         },
+    ///     ));
+    /// # let _ = layer;
+    /// ```
+    pub fn describe<X2>(self, describer: X2) -> AdmissionLayer<D, R, P, (X, X2)> {
+        AdmissionLayer {
+            gate: self.gate,
+            detector: self.detector,
+            bypass: self.bypass,
+            answer: self.answer,
+            describer: self.describer.and(describer),
         }
     }
 
@@ -176,25 +210,26 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
 
     /// Honours a gRPC request's `grpc-timeout`: the request waits in the
     /// queue no longer; if its deadline passes there, it is answered
-    /// `DEADLINE_EXCEEDED` at once. Off by default.
+    /// `DEADLINE_EXCEEDED` at once. Off by default. The shorthand for
+    /// adding [`GrpcTimeout`](super::GrpcTimeout) to the layer's describer.
     pub fn grpc_timeout(mut self) -> Self {
-        self.deadlines.grpc_timeout = true;
+        self.describer.grpc_timeout = Some(GrpcTimeout);
         self
     }
 
     /// Honours a deadline the client (or a trusted router) sends in header
     /// `name`, in milliseconds from arrival: the request waits in the queue
     /// no longer, and is answered with an overload of reason `deadline` if
-    /// it passes there. Off by default.
+    /// it passes there. Off by default. The shorthand for adding
+    /// [`DeadlineHeader`](super::DeadlineHeader) to the layer's describer
+    /// (with both this and [`grpc_timeout`](Self::grpc_timeout), the
+    /// smaller deadline wins).
     ///
     /// # Panics
     ///
     /// If `name` is not a valid header name.
     pub fn deadline_header(mut self, name: &str) -> Self {
-        self.deadlines.header = Some(
-            HeaderName::from_bytes(name.as_bytes())
-                .unwrap_or_else(|_| panic!("invalid deadline header name: {name:?}")),
-        );
+        self.describer.deadline_header = Some(DeadlineHeader::new(name));
         self
     }
 
@@ -211,7 +246,7 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
     /// Take these headers from a trusted router only, never straight from
     /// end users: a client that sets its own priority jumps the queue.
     pub fn qos_headers(mut self, headers: QosHeaders) -> Self {
-        self.qos_headers = Some(headers);
+        self.describer.qos_headers = Some(headers);
         self
     }
 
@@ -221,19 +256,17 @@ impl<D, R, P> AdmissionLayer<D, R, P> {
     }
 }
 
-impl<S, D: Clone, R: Clone, P: Clone> Layer<S> for AdmissionLayer<D, R, P> {
-    type Service = Admission<S, D, R, P>;
+impl<S, D: Clone, R: Clone, P: Clone, X: Clone> Layer<S> for AdmissionLayer<D, R, P, X> {
+    type Service = Admission<S, D, R, P, X>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Admission {
             inner,
             gate: self.gate.clone(),
             detector: self.detector.clone(),
-            rank: self.rank.clone(),
             bypass: self.bypass.clone(),
             answer: self.answer.clone(),
-            deadlines: self.deadlines.clone(),
-            qos_headers: self.qos_headers.clone(),
+            describer: self.describer.clone(),
         }
     }
 }

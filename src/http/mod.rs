@@ -2,14 +2,16 @@
 //! [`Admission`].
 //!
 //! Each request is decided when the service is **called**: a [`Bypass`]
-//! predicate may let it skip the gate, its rank is read by a
-//! [`RankExtractor`], its cost (for token budgets) from a
-//! [`Cost`](crate::Cost) request extension set by an earlier layer (see
+//! predicate may let it skip the gate; the layer's one describer
+//! ([`Describe`]) reads it once into a [`Descriptor`](crate::Descriptor) —
+//! its rank (a [`RankExtractor`]), its cost for token budgets (a
+//! [`Cost`](crate::Cost) request extension set by an earlier layer: see
 //! [`OpenAiCostLayer`] and [`CostLayer`]), its priority and tenant (SPEC
-//! §8) from [`Priority`] and [`Tenant`](crate::Tenant) extensions (see
-//! [`QosHeaders`] and [`QosLayer`]; take them from a trusted router only),
-//! and the worker's
-//! [`Gate`](crate::Gate) admits it, queues it, or rejects it.
+//! §8, from [`Priority`] and [`Tenant`](crate::Tenant) extensions or
+//! [`QosHeaders`]; take them from a trusted router only) and its deadline
+//! ([`GrpcTimeout`], [`DeadlineHeader`]) — and the worker's
+//! [`Gate`](crate::Gate), given the descriptor whole, admits it, queues
+//! it, or rejects it.
 //!
 //! * **Admitted** requests reach the inner service with two extensions:
 //!   [`Admitted`] (the rank they are counted under) and [`FirstToken`]. The
@@ -312,7 +314,7 @@ mod admitted;
 mod body;
 mod bypass;
 mod cost;
-mod deadline;
+mod describe;
 mod first_token;
 mod future;
 mod layer;
@@ -330,6 +332,9 @@ pub use self::bypass::{Bypass, BypassPaths, NoBypass};
 pub use self::cost::{
     CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONCURRENT_READS, DEFAULT_READ_TIMEOUT, OpenAiCost, OpenAiCostLayer, SetCost,
+};
+pub use self::describe::{
+    ByRank, CostExtension, DeadlineHeader, Describe, GrpcTimeout, QosExtension,
 };
 pub use self::first_token::FirstToken;
 pub use self::future::ResponseFuture;

@@ -110,7 +110,7 @@ impl Qos {
 
     /// Inserts what is known as [`Priority`] and [`Tenant`] extensions of
     /// `req`, replacing any there; what is unknown leaves them as they are.
-    fn insert_into<B>(self, req: &mut Request<B>) {
+    pub(crate) fn insert_into<B>(self, req: &mut Request<B>) {
         if let Some(priority) = self.priority {
             req.extensions_mut().insert(Priority(priority));
         }
@@ -362,6 +362,7 @@ pub(crate) fn set_qos<B>(extractor: &impl QosExtractor<B>, req: &mut Request<B>)
 
 /// The priority and tenant in `req`'s extensions: priority 0 and no tenant
 /// unless set.
+#[cfg(test)]
 pub(crate) fn qos_of<B>(req: &Request<B>) -> (i32, Option<Tenant>) {
     let extensions = req.extensions();
     let priority = extensions

@@ -11,13 +11,12 @@ use tower_service::Service;
 
 use super::admitted::admit;
 use super::bypass::{Bypass, NoBypass};
-use super::deadline::RequestDeadlines;
+use super::describe::{Describe, Describer};
 use super::future::Deferred;
-use super::qos::{QosHeaders, qos_of, set_qos};
 use super::reject::OverloadResponder;
 use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
 use crate::detect::{Auto, FirstTokenDetector};
-use crate::gate::{Cost, Descriptor, Gate};
+use crate::gate::Gate;
 
 /// Admission control for an HTTP or gRPC service: each request is admitted,
 /// queued, or answered with an overload response before it reaches the
@@ -26,15 +25,13 @@ use crate::gate::{Cost, Descriptor, Gate};
 /// Built by [`AdmissionLayer`](super::AdmissionLayer); see the
 /// [module docs](super) for how it behaves and composes.
 #[derive(Debug, Clone)]
-pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass> {
+pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass, X = ()> {
     pub(super) inner: S,
     pub(super) gate: Gate,
     pub(super) detector: D,
-    pub(super) rank: R,
     pub(super) bypass: P,
     pub(super) answer: OverloadResponder,
-    pub(super) deadlines: RequestDeadlines,
-    pub(super) qos_headers: Option<QosHeaders>,
+    pub(super) describer: Describer<R, X>,
 }
 
 impl<S> Admission<S> {
@@ -45,16 +42,14 @@ impl<S> Admission<S> {
             inner,
             gate,
             detector: Auto::default(),
-            rank: NoRank,
             bypass: NoBypass,
             answer: OverloadResponder::default(),
-            deadlines: RequestDeadlines::default(),
-            qos_headers: None,
+            describer: Describer::default(),
         }
     }
 }
 
-impl<S, D, R, P> Admission<S, D, R, P> {
+impl<S, D, R, P, X> Admission<S, D, R, P, X> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -76,13 +71,14 @@ impl<S, D, R, P> Admission<S, D, R, P> {
     }
 }
 
-impl<S, ReqBody, ResBody, D, R, P> Service<Request<ReqBody>> for Admission<S, D, R, P>
+impl<S, ReqBody, ResBody, D, R, P, X> Service<Request<ReqBody>> for Admission<S, D, R, P, X>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: Body<Data = Bytes>,
     D: FirstTokenDetector,
     R: RankExtractor<ReqBody>,
     P: Bypass<ReqBody>,
+    X: Describe<ReqBody>,
 {
     type Response = Response<ResponseBody<ResBody, D>>;
     type Error = S::Error;
@@ -102,24 +98,12 @@ where
         if self.bypass.bypass(&req) {
             return ResponseFuture::admitted(self.inner.clone(), req, None, self.detector.clone());
         }
-        if let Some(headers) = &self.qos_headers {
-            set_qos(headers, &mut req);
-        }
-        // What earlier layers (and the QoS headers) told about the request,
-        // from its extensions; a request without them is a plain one.
-        let cost = req.extensions().get::<Cost>().copied().unwrap_or_default();
-        let (priority, tenant) = qos_of(&req);
-        let mut request = Descriptor::new()
-            .with_rank(self.rank.rank(&req))
-            .with_cost(cost)
-            .with_priority(priority);
-        if let Some(tenant) = tenant {
-            request = request.with_tenant(tenant);
-        }
-        if let Some(deadline) = self.deadlines.of(req.headers()) {
-            request = request.with_deadline(deadline);
-        }
-        let mut acquire = self.gate.acquire_with(request);
+        // Described once, by the layer's one describer; what the QoS
+        // headers held becomes the request's extensions for the inner
+        // service.
+        let (descriptor, qos) = self.describer.read(&req);
+        qos.insert_into(&mut req);
+        let mut acquire = self.gate.acquire_with(descriptor);
 
         // The gate decided on arrival unless the request was queued: take
         // the decision now.

@@ -8,6 +8,6 @@ use super::Admission;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 /// `Server::builder().add_service(AdmissionLayer::new(gate).layer(svc))`:
 /// the admitted service is routed under `svc`'s name.
-impl<S: NamedService, D, R, P> NamedService for Admission<S, D, R, P> {
+impl<S: NamedService, D, R, P, X> NamedService for Admission<S, D, R, P, X> {
     const NAME: &'static str = S::NAME;
 }
