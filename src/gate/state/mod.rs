@@ -343,8 +343,8 @@ impl<T> State<T> {
             BucketKey::Unranked => &mut self.unranked.queue,
             BucketKey::Rank(rank) => &mut self.ranks[rank as usize].queue,
         };
-        let leads = queue.is_empty()
-            || queue.would_lead(&self.entries, &self.ladder, now, rung, tenant);
+        let leads =
+            queue.is_empty() || queue.would_lead(&self.entries, &self.ladder, now, rung, tenant);
         if leads && self.engine_fits(bucket, demand) {
             let grant = self.charge(bucket, demand, AdmitSource::Direct);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
@@ -620,15 +620,7 @@ impl<T> State<T> {
         // Fair shares are by tokens when the cost is known, else by requests.
         let service = demand.engine_tokens.max(1) as u64;
         let queued_at = self.event_time();
-        let node = Node::new(
-            seq,
-            rung,
-            tenant,
-            service,
-            weight,
-            queued_at,
-            &self.ladder,
-        );
+        let node = Node::new(seq, rung, tenant, service, weight, queued_at, &self.ladder);
         let slot = self.entries.insert(Entry {
             node,
             bucket: key,
