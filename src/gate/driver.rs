@@ -119,7 +119,7 @@ impl Gate {
             }),
         };
         let state = gate.lock();
-        let in_force = state.limits_in_force();
+        let in_force = state.view().limits_in_force();
         gate.end_event(state, Concerned::Everything);
         log_limits(&in_force, "the gate was built");
         gate
@@ -194,9 +194,9 @@ impl Gate {
         let time = self.time();
         let mut state = self.lock();
         self.advance(&mut state, time);
-        let before = state.limits_in_force();
+        let before = state.view().limits_in_force();
         if state.report_capacity(capacity) {
-            let after = state.limits_in_force();
+            let after = state.view().limits_in_force();
             self.end_event(state, Concerned::Everything);
             // Engines report again and again; say so only when it matters.
             if after.per_rank != before.per_rank || after.ranks != before.ranks {
@@ -223,27 +223,17 @@ impl Gate {
     /// println!("admission: {in_force}");
     /// ```
     pub fn limits_in_force(&self) -> LimitsInForce {
-        self.lock().limits_in_force()
+        self.lock().view().limits_in_force()
     }
 
     /// Counts, limits and tallies at this instant.
     pub fn snapshot(&self) -> Snapshot {
-        let state = self.lock();
-        Snapshot {
-            total: state.total(),
-            unranked: state.unranked_counts(),
-            ranks: state.rank_counts().collect(),
-            limits: state.limits(),
-            capacity: state.capacity(),
-            tally: state.tally(),
-            unranked_tally: state.unranked_tally(),
-            rank_tallies: state.rank_tallies().collect(),
-        }
+        self.lock().view().snapshot()
     }
 
     /// The per-rank limits in force.
     pub fn limits(&self) -> Limits {
-        self.lock().limits()
+        self.lock().view().limits()
     }
 
     /// The gate's time, read before taking the lock; `None` unless
@@ -349,7 +339,7 @@ impl Gate {
             state.first_token(grant);
         }
         let concerned = Concerned::Bucket(BucketEvent {
-            rank: state.grant_rank(grant),
+            rank: state.view().grant_rank(grant),
             tally_changed: false,
             queue_wait: None,
             engine_waiting,
@@ -380,12 +370,13 @@ impl Observed for State<Waiter> {
     }
 
     fn view(&self, rank: Option<u32>) -> BucketView {
-        State::view(self, rank)
+        self.view().bucket(rank)
     }
 
     #[inline]
     fn oldest_arrival(&self, rank: Option<u32>) -> Option<Arrived> {
-        self.oldest_queued(rank)
+        self.view()
+            .oldest_queued(rank)
             .map(|(queued_at, waiter)| match queued_at {
                 Some(at) => Arrived::Gate(at),
                 None => Arrived::Stamp(waiter.queued_at),
@@ -393,15 +384,15 @@ impl Observed for State<Waiter> {
     }
 
     fn limits(&self) -> Limits {
-        State::limits(self)
+        self.view().limits()
     }
 
     fn recognised_ranks(&self) -> usize {
-        State::recognised_ranks(self)
+        self.view().recognised_ranks()
     }
 
     fn known_ranks(&self) -> usize {
-        State::known_ranks(self)
+        self.view().known_ranks()
     }
 }
 
@@ -549,7 +540,7 @@ impl Future for Acquire {
                         // what is new is the tally and the queue wait.
                         let observation = DefaultObserver::ENABLED.then(|| {
                             let event = BucketEvent {
-                                rank: state.grant_rank(&grant),
+                                rank: state.view().grant_rank(&grant),
                                 tally_changed: true,
                                 queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
                                 engine_waiting: None,

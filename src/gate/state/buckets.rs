@@ -21,7 +21,7 @@ use std::time::Instant;
 use slab::Slab;
 
 use super::queue::Queue;
-use super::{Entry, Grant, Slot, State, Status};
+use super::{Entry, Slot, State, Status};
 use crate::gate::types::{BandTally, Counts, Tally};
 
 /// Which capacity a request is counted in.
@@ -73,20 +73,8 @@ pub(super) struct Bucket {
 }
 
 impl<T> State<T> {
-    /// The rank a grant's capacity is counted under now (`None` once its
-    /// rank vanished, or when unranked).
-    pub(crate) fn grant_rank(&self, grant: &Grant) -> Option<u32> {
-        self.current_bucket(grant.held).rank()
-    }
-
-    /// Every rank ever recognised, vanished ones included (they keep their
-    /// tallies): observers see `0..known_ranks()`.
-    pub(crate) fn known_ranks(&self) -> usize {
-        self.ranks.len()
-    }
-
     /// The ranks currently recognised (0 before the first report).
-    pub(crate) fn recognised_ranks(&self) -> usize {
+    pub(super) fn recognised_ranks(&self) -> usize {
         if self.capacity.is_some() {
             self.active_ranks
         } else {

@@ -34,14 +34,15 @@ fn queue(state: &mut State<&'static str>, name: &'static str, priority: i32) -> 
 
 /// The name of the unranked bucket's oldest queued request.
 fn oldest(state: &State<&'static str>) -> Option<&'static str> {
-    state.oldest_queued(None).map(|(_, name)| *name)
+    state.view().oldest_queued(None).map(|(_, name)| *name)
 }
 
 /// `(queued, admitted, rejected)` of each configured band of the unranked
 /// bucket, lowest first.
 fn bands(state: &State<&'static str>) -> Vec<(usize, u64, u64)> {
     state
-        .view(None)
+        .view()
+        .bucket(None)
         .bands
         .expect("bands are configured")
         .iter()
@@ -81,7 +82,10 @@ fn the_oldest_queued_request_is_the_earliest_arrival_whatever_its_band() {
 fn the_oldest_queued_request_carries_its_arrival_time_only_when_the_gate_keeps_time() {
     let (mut untimed, mut running) = busy(AdmissionConfig::new(), 10);
     queue(&mut untimed, "r", 0);
-    assert!(matches!(untimed.oldest_queued(None), Some((None, &"r"))));
+    assert!(matches!(
+        untimed.view().oldest_queued(None),
+        Some((None, &"r"))
+    ));
     untimed.finish(&mut running);
 
     let start = Instant::now();
@@ -96,7 +100,7 @@ fn the_oldest_queued_request_carries_its_arrival_time_only_when_the_gate_keeps_t
     queue(&mut timed, "first", 0);
     timed.advance(start + Duration::from_secs(5));
     queue(&mut timed, "second", 0);
-    let Some((Some(queued_at), &"first")) = timed.oldest_queued(None) else {
+    let Some((Some(queued_at), &"first")) = timed.view().oldest_queued(None) else {
         panic!("the first is the oldest, with its time")
     };
     assert_eq!(queued_at, start + Duration::from_secs(3));
@@ -112,7 +116,7 @@ fn without_configured_bands_there_are_no_band_views_or_tallies() {
         arrive(&mut state, "full", 5),
         Arrival::Rejected(_)
     ));
-    assert!(state.view(None).bands.is_none());
+    assert!(state.view().bucket(None).bands.is_none());
     assert_eq!(state.unranked.bands.capacity(), 0, "never allocated");
     state.finish(&mut running);
 }
@@ -140,7 +144,7 @@ fn band_tallies_count_each_request_under_the_band_it_arrived_in() {
     serve_next(&mut state, &mut running, l1);
     assert_eq!(bands(&state), [(0, 2, 2), (0, 1, 0)]);
     state.finish(&mut running);
-    let tally = state.unranked_tally();
+    let tally = state.view().unranked_tally();
     assert_eq!(tally.admitted(), 3, "the bands add up to the tally");
     assert_eq!(tally.rejected(), 2);
 }
@@ -199,11 +203,14 @@ fn a_vanished_ranks_queued_requests_move_to_the_unranked_bands_and_oldest() {
         panic!("admitted")
     };
     state.arrive_as(Some(1), Demand::default(), None, class(10), "ranked");
-    assert_eq!(state.view(Some(1)).bands.unwrap()[1].queued, 1);
-    assert!(matches!(state.oldest_queued(Some(1)), Some((_, &"ranked"))));
+    assert_eq!(state.view().bucket(Some(1)).bands.unwrap()[1].queued, 1);
+    assert!(matches!(
+        state.view().oldest_queued(Some(1)),
+        Some((_, &"ranked"))
+    ));
     state.report_capacity(EngineCapacity::new(8, 1));
-    assert_eq!(state.view(Some(1)).bands.unwrap()[1].queued, 0);
-    assert_eq!(state.oldest_queued(Some(1)), None);
+    assert_eq!(state.view().bucket(Some(1)).bands.unwrap()[1].queued, 0);
+    assert_eq!(state.view().oldest_queued(Some(1)), None);
     assert_eq!(
         bands(&state),
         [(0, 0, 0), (1, 0, 0)],

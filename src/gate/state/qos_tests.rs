@@ -184,9 +184,9 @@ fn a_full_queue_gives_the_newest_lowest_request_up_to_a_higher_arrival() {
     };
     assert_eq!(overloaded.reason(), RejectionReason::Displaced);
     assert_eq!(overloaded.scope(), RejectionScope::Worker);
-    assert_eq!(state.tally().displaced(), 1);
-    assert_eq!(state.tally().rejected(), 1);
-    assert_eq!(state.total().queued, 3);
+    assert_eq!(state.view().tally().displaced(), 1);
+    assert_eq!(state.view().tally().rejected(), 1);
+    assert_eq!(state.view().total().queued, 3);
     assert_eq!(
         serve_all(&mut state, running, vec![l1, l2, h]),
         ["H", "L1", "L2"]
@@ -204,7 +204,7 @@ fn an_arrival_of_no_higher_priority_than_the_lowest_band_is_rejected() {
         panic!("no lower band to displace")
     };
     assert_eq!(overloaded.reason(), RejectionReason::QueueFull);
-    assert_eq!(state.tally().displaced(), 0);
+    assert_eq!(state.view().tally().displaced(), 0);
 }
 
 #[test]
@@ -310,7 +310,7 @@ fn a_cancel_storm_across_bands_and_tenants_gives_memory_back() {
     for i in order {
         state.cancel(tickets[i]).unwrap();
     }
-    assert_eq!(state.total().queued, 0);
+    assert_eq!(state.view().total().queued, 0);
     assert!(state.unranked.queue.is_empty());
     assert_eq!(
         state.unranked.queue.band_lengths().count(),
@@ -790,13 +790,13 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
                 other => return Err(TestCaseError::fail(format!("{i}: {other:?}"))),
             };
         }
-        prop_assert_eq!(state.total().queued, model.queued().count());
-        prop_assert_eq!(state.tally().displaced(), model.displaced);
+        prop_assert_eq!(state.view().total().queued, model.queued().count());
+        prop_assert_eq!(state.view().tally().displaced(), model.displaced);
         // The request queued longest, for the oldest-age gauge, with its
         // arrival time when the gate keeps time (with aging).
         let oldest = model.queued().min_by_key(|(_, req)| req.seq);
         prop_assert_eq!(
-            state.oldest_queued(None).map(|(at, &i)| (at, i)),
+            state.view().oldest_queued(None).map(|(at, &i)| (at, i)),
             oldest.map(|(i, req)| (aging.then_some(req.queued_at), i))
         );
     }

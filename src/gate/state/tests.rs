@@ -525,18 +525,22 @@ impl Harness {
 
     fn check(&mut self) {
         let model = &self.model;
-        assert_eq!(self.state.total(), model.counts(None), "total counts");
         assert_eq!(
-            self.state.unranked_counts(),
+            self.state.view().total(),
+            model.counts(None),
+            "total counts"
+        );
+        assert_eq!(
+            self.state.view().unranked_counts(),
             model.counts(Some(None)),
             "unranked counts"
         );
-        let ranks: Vec<Counts> = self.state.rank_counts().collect();
+        let ranks: Vec<Counts> = self.state.view().rank_counts().collect();
         let expected: Vec<Counts> = (0..model.ranks())
             .map(|rank| model.counts(Some(Some(rank))))
             .collect();
         assert_eq!(ranks, expected, "rank counts");
-        assert_eq!(self.state.tally(), model.tally, "tallies");
+        assert_eq!(self.state.view().tally(), model.tally, "tallies");
         if model.over_limits() {
             assert!(
                 self.shrunk,
@@ -579,9 +583,9 @@ proptest! {
             harness.step(op);
         }
         harness.finish_everything();
-        prop_assert_eq!(harness.state.total(), Counts::default());
-        prop_assert_eq!(harness.state.pending(), 0);
-        let tally = harness.state.tally();
+        prop_assert_eq!(harness.state.view().total(), Counts::default());
+        prop_assert_eq!(harness.state.view().pending(), 0);
+        let tally = harness.state.view().tally();
         prop_assert_eq!(tally.received, tally.settled());
         prop_assert_eq!(
             tally.received,
@@ -614,10 +618,10 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
     for i in order {
         state.cancel(tickets[i]).unwrap();
     }
-    assert_eq!(state.total().queued, 0);
+    assert_eq!(state.view().total().queued, 0);
     assert!(state.entries.capacity() <= idle.max(64));
     state.finish(&mut holder);
-    assert_eq!(state.tally().cancelled, 100_000);
+    assert_eq!(state.view().tally().cancelled, 100_000);
 }
 
 #[test]
@@ -673,11 +677,11 @@ fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
     assert_eq!(c.slot, b.slot, "the slab reuses the slot");
     assert!(state.cancel(b).is_err(), "b's ticket is spent");
     assert!(matches!(state.poll(b), Polled::Stale));
-    assert_eq!(state.total().queued, 1, "c is still queued");
+    assert_eq!(state.view().total().queued, 1, "c is still queued");
     state.finish(&mut b_grant);
     let Polled::Admitted(mut c_grant, "c") = state.poll(c) else {
         panic!("c is admitted once b ends")
     };
     state.finish(&mut c_grant);
-    assert_eq!(state.tally().cancelled, 0);
+    assert_eq!(state.view().tally().cancelled, 0);
 }
