@@ -51,8 +51,6 @@
 //! class — one band, no tenant — it is FIFO by arrival.
 
 use std::collections::HashMap;
-#[cfg(test)]
-use std::time::Duration;
 use std::time::Instant;
 
 use slab::Slab;
@@ -291,39 +289,6 @@ impl<T> State<T> {
         let bucket = self.recognise(descriptor.rank);
         let arrival = self.arrive_in(bucket, descriptor, Demand::of(descriptor.cost), payload);
         (arrival, bucket.rank())
-    }
-
-    /// A request arrives, asking for `rank`, needing `demand`, with the
-    /// client's own `deadline` (from arrival), if any; for the unit tests,
-    /// which speak in demands.
-    #[cfg(test)]
-    pub(crate) fn arrive(
-        &mut self,
-        rank: Option<u32>,
-        demand: Demand,
-        deadline: Option<Duration>,
-        payload: T,
-    ) -> Arrival {
-        self.arrive_as(rank, demand, deadline, Class::default(), payload)
-    }
-
-    /// [`arrive`](Self::arrive) for a request of a class of service.
-    #[cfg(test)]
-    pub(crate) fn arrive_as(
-        &mut self,
-        rank: Option<u32>,
-        demand: Demand,
-        deadline: Option<Duration>,
-        class: Class,
-        payload: T,
-    ) -> Arrival {
-        let mut descriptor = Descriptor::new()
-            .with_rank(rank)
-            .with_priority(class.priority);
-        descriptor.tenant = class.tenant;
-        descriptor.deadline = deadline;
-        let bucket = self.recognise(rank);
-        self.arrive_in(bucket, &descriptor, demand, payload)
     }
 
     /// The arrival of [`receive`](Self::receive), in the bucket it was

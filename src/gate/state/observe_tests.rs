@@ -2,6 +2,8 @@
 //! request queued longest in each bucket, and the per-band queue lengths
 //! and tallies kept only when priority bands are configured.
 
+use std::time::Duration;
+
 use super::*;
 
 fn class(priority: i32) -> Class {

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use std::time::Duration;
+
 use super::*;
 use crate::gate::types::{Cost, RejectionScope};
 

@@ -8,8 +8,45 @@
 
 use proptest::prelude::*;
 
+use std::time::Duration;
+
 use super::*;
 use crate::gate::types::{Cost, RejectionScope, Tally};
+
+// The unit tests speak in demands and classes; the driver describes a
+// request with a `Descriptor` (`State::receive`).
+impl<T> State<T> {
+    /// A request arrives, asking for `rank`, needing `demand`, with the
+    /// client's own `deadline` (from arrival), if any; for the unit tests,
+    /// which speak in demands.
+    pub(super) fn arrive(
+        &mut self,
+        rank: Option<u32>,
+        demand: Demand,
+        deadline: Option<Duration>,
+        payload: T,
+    ) -> Arrival {
+        self.arrive_as(rank, demand, deadline, Class::default(), payload)
+    }
+
+    /// [`arrive`](Self::arrive) for a request of a class of service.
+    pub(super) fn arrive_as(
+        &mut self,
+        rank: Option<u32>,
+        demand: Demand,
+        deadline: Option<Duration>,
+        class: Class,
+        payload: T,
+    ) -> Arrival {
+        let mut descriptor = Descriptor::new()
+            .with_rank(rank)
+            .with_priority(class.priority);
+        descriptor.tenant = class.tenant;
+        descriptor.deadline = deadline;
+        let bucket = self.recognise(rank);
+        self.arrive_in(bucket, &descriptor, demand, payload)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
