@@ -267,7 +267,11 @@ async fn main() -> ExitCode {
             )
             // Outside admission, so each request's prompt and output tokens
             // are known when the gate weighs it against the token limits.
-            .route_layer(OpenAiCostLayer::new().max_model_len(args.engine.max_model_len.get()));
+            .route_layer(
+                OpenAiCostLayer::new()
+                    .max_model_len(args.engine.max_model_len.get())
+                    .overload_status(args.overload_status),
+            );
         let tokens =
             |limit: Option<usize>| limit.map_or_else(|| "off".to_owned(), |n| n.to_string());
         format!(

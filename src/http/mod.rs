@@ -313,6 +313,7 @@ mod body;
 mod bypass;
 mod cost;
 mod deadline;
+mod estimate;
 mod first_token;
 mod future;
 mod layer;
