@@ -205,9 +205,7 @@ async fn main() -> ExitCode {
     let metrics = match PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".into()),
-            &[
-                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-            ],
+            &tower_admission::metrics::SECONDS_BUCKETS,
         )
         .and_then(PrometheusBuilder::install_recorder)
     {
@@ -267,7 +265,11 @@ async fn main() -> ExitCode {
             )
             // Outside admission, so each request's prompt and output tokens
             // are known when the gate weighs it against the token limits.
-            .route_layer(OpenAiCostLayer::new().max_model_len(args.engine.max_model_len.get()));
+            .route_layer(
+                OpenAiCostLayer::new()
+                    .max_model_len(args.engine.max_model_len.get())
+                    .overload_status(args.overload_status),
+            );
         let tokens =
             |limit: Option<usize>| limit.map_or_else(|| "off".to_owned(), |n| n.to_string());
         format!(

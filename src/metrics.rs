@@ -144,6 +144,16 @@ use crate::gate::observe::{BucketView, Configured, Observation, Observer, contai
 /// sets another.
 pub const DEFAULT_PREFIX: &str = "admission";
 
+/// Histogram buckets, in seconds, for the gate's `_seconds` series (queue
+/// time, engine waiting time): from 1 ms to a minute, as the sidecar and
+/// the examples give them to the Prometheus exporter
+/// (`PrometheusBuilder::set_buckets_for_metric(Matcher::Suffix("_seconds"), &SECONDS_BUCKETS)`).
+/// Without buckets that exporter renders summaries, which cannot be
+/// aggregated across workers.
+pub const SECONDS_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 /// The `dp_rank` label of unranked requests.
 const UNSPECIFIED: &str = "unspecified";
 

@@ -315,6 +315,7 @@ mod body;
 mod bypass;
 mod cost;
 mod describe;
+mod estimate;
 mod first_token;
 mod future;
 mod layer;
