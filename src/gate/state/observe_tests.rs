@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::tests::busy;
 use super::*;
 
 fn class(priority: i32) -> Class {
@@ -11,16 +12,6 @@ fn class(priority: i32) -> Class {
         priority,
         tenant: None,
     }
-}
-
-/// A state with one engine slot, taken by a request (of priority 0) that
-/// holds it until `finish`ed; `queue` places behind it.
-fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str>, Grant) {
-    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(queue));
-    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running") else {
-        panic!("the first request is admitted")
-    };
-    (state, holder)
 }
 
 fn arrive(state: &mut State<&'static str>, name: &'static str, priority: i32) -> Arrival {

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 
 use std::time::Duration;
 
+use super::tests::busy;
 use super::*;
 use crate::gate::types::{Cost, RejectionScope};
 
@@ -21,16 +22,6 @@ fn tenant_b() -> Tenant {
 
 fn class(priority: i32, tenant: Option<Tenant>) -> Class {
     Class { priority, tenant }
-}
-
-/// A state with one engine slot, taken by a request that holds it until
-/// `finish`ed; `queue` places behind it.
-fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str>, Grant) {
-    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(queue));
-    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running") else {
-        panic!("the first request is admitted")
-    };
-    (state, holder)
 }
 
 fn queue(state: &mut State<&'static str>, name: &'static str, class: Class) -> Ticket {

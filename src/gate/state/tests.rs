@@ -13,6 +13,17 @@ use std::time::Duration;
 use super::*;
 use crate::gate::types::{Cost, RejectionScope, Tally};
 
+/// A state with one engine slot, taken by a request (of priority 0) that
+/// holds it until `finish`ed; `queue` places behind it. Shared by the unit
+/// tests of the queue discipline and of observation.
+pub(super) fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str>, Grant) {
+    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(queue));
+    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running") else {
+        panic!("the first request is admitted")
+    };
+    (state, holder)
+}
+
 // The unit tests speak in demands and classes; the driver describes a
 // request with a `Descriptor` (`State::receive`).
 impl<T> State<T> {
