@@ -16,7 +16,7 @@
 //! | `request_queue_count` | gauge | | requests waiting in the gate's queue |
 //! | `request_receive_total` | counter | | requests received |
 //! | `request_admit_total` | counter | `source` = `direct` \| `queue` | requests admitted |
-//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured) | requests rejected |
+//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured; \| `queue_delay`, worker scope only, with a queue delay target) | requests rejected |
 //! | `cancellation_total` | counter | | requests cancelled while queued |
 //! | `engine_request_limit` | gauge | | the engine request limit |
 //! | `engine_request_waiting_limit` | gauge | | the engine request waiting limit |
@@ -333,6 +333,9 @@ struct Shape {
     /// some may be for a deadline, or priority bands are configured, so
     /// some may be displaced.
     reasons: bool,
+    /// Whether controlled delay is on: then rejections of reason
+    /// `queue_delay` have a series.
+    shedding: bool,
     /// The `priority` label of each configured band, lowest first; empty:
     /// no per-priority series.
     priorities: Vec<String>,
@@ -353,6 +356,7 @@ impl Shape {
         Shape {
             token_limits,
             reasons: config.deadlines_enabled() || !priorities.is_empty(),
+            shedding: config.explicit_queue_delay_target().is_some(),
             priorities,
         }
     }
@@ -363,6 +367,7 @@ impl Shape {
         Shape {
             token_limits: None,
             reasons: false,
+            shedding: false,
             priorities: Vec::new(),
         }
     }
@@ -388,6 +393,8 @@ struct BucketMetrics {
     /// Rejections of each scope of displaced requests, with reasons on.
     displaced_rank: Counter,
     displaced_worker: Counter,
+    /// Rejections by controlled delay (always worker-scoped), when it is on.
+    shed_worker: Counter,
     /// Whether the rejection series carry a `reason` label.
     reasons: bool,
     cancelled: Counter,
@@ -439,6 +446,7 @@ impl BucketMetrics {
             expired_worker: Counter::noop(),
             displaced_rank: Counter::noop(),
             displaced_worker: Counter::noop(),
+            shed_worker: Counter::noop(),
             reasons: false,
             cancelled: Counter::noop(),
             queue_wait: Histogram::noop(),
@@ -499,6 +507,10 @@ impl BucketMetrics {
                 None => Counter::noop(),
             },
             displaced_worker: because("worker", "displaced"),
+            shed_worker: match shape.shedding {
+                true => because("worker", "queue_delay"),
+                false => Counter::noop(),
+            },
             reasons,
             cancelled: counter(&names.cancellation_total),
             queue_wait: histogram(&names.request_queue_wait_seconds),
@@ -550,12 +562,16 @@ impl BucketMetrics {
                 self.rejected_rank
                     .absolute(tally.rejected_rank - tally.expired_rank - tally.displaced_rank);
                 self.rejected_worker.absolute(
-                    tally.rejected_worker - tally.expired_worker - tally.displaced_worker,
+                    tally.rejected_worker
+                        - tally.expired_worker
+                        - tally.displaced_worker
+                        - tally.shed_worker,
                 );
                 self.expired_rank.absolute(tally.expired_rank);
                 self.expired_worker.absolute(tally.expired_worker);
                 self.displaced_rank.absolute(tally.displaced_rank);
                 self.displaced_worker.absolute(tally.displaced_worker);
+                self.shed_worker.absolute(tally.shed_worker);
             } else {
                 self.rejected_rank.absolute(tally.rejected_rank);
                 self.rejected_worker.absolute(tally.rejected_worker);
@@ -710,8 +726,14 @@ impl Observer for Recorder {
             None,
         );
         for view in &observation.offered {
-            self.bucket(series, view.rank)
-                .apply(observation.seq, view, false, None);
+            // An event that changed tallies may have changed theirs too
+            // (controlled delay sheds from any queue).
+            self.bucket(series, view.rank).apply(
+                observation.seq,
+                view,
+                observation.tally_changed,
+                None,
+            );
         }
         registered
     }

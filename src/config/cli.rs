@@ -19,6 +19,7 @@ use super::env::{self, Overrides};
 /// | `--request-queue-wait-limit-ms <MS>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
 /// | `--ttft-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
 /// | `--aging-interval-ms <MS>` | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+/// | `--queue-delay-target-ms <MS>` | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
 /// | `--priority-bands <BANDS>` | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` |
 /// | `--tenant-weight <NAME=WEIGHT>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` |
 ///
@@ -123,6 +124,13 @@ pub struct AdmissionArgs {
     #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
     pub aging_interval_ms: Option<NonZeroUsize>,
 
+    /// Controlled delay: once a queue's wait has stayed above this many
+    /// milliseconds for 100 ms, its requests older than it are answered as
+    /// overload (reason queue_delay) until it drains [default: off; env:
+    /// DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub queue_delay_target_ms: Option<NonZeroUsize>,
+
     /// Comma-separated priorities that are bands, e.g. -1,0,10: a request
     /// belongs to the highest band at or below its priority [default: every
     /// priority is a band; env: DYN_BACKEND_ADMISSION_PRIORITY_BANDS]
@@ -160,6 +168,7 @@ impl AdmissionArgs {
                 self.request_queue_wait_limit_ms.map(NonZeroUsize::get),
                 self.ttft_objective_ms.map(NonZeroUsize::get),
                 self.aging_interval_ms.map(NonZeroUsize::get),
+                self.queue_delay_target_ms.map(NonZeroUsize::get),
             ],
             priority_bands: self.priority_bands.clone(),
             tenant_weights: (!self.tenant_weight.is_empty()).then(|| self.tenant_weight.clone()),

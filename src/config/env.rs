@@ -30,7 +30,7 @@ pub(crate) struct Setting {
 /// The environment resolver reads them from here, and the command line
 /// hands its values over in this order ([`Overrides::numeric`]); a test
 /// of the flags checks that their names and order agree with it.
-pub(crate) const NUMERIC: [Numeric; 9] = [
+pub(crate) const NUMERIC: [Numeric; 10] = [
     Numeric {
         name: "engine_request_limit",
         flag: "--engine-request-limit",
@@ -120,6 +120,16 @@ pub(crate) const NUMERIC: [Numeric; 9] = [
             minimum: 1,
         },
         apply: |config, n| config.aging_interval(millis(n)),
+    },
+    Numeric {
+        name: "queue_delay_target",
+        flag: "--queue-delay-target-ms",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.queue_delay_target(millis(n)),
     },
 ];
 

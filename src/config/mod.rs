@@ -94,6 +94,9 @@ pub struct AdmissionConfig {
     pub(crate) request_queue_token_limit: Option<NonZeroUsize>,
     pub(crate) request_queue_wait_limit: Option<Duration>,
     pub(crate) ttft_objective: Option<Duration>,
+    pub(crate) queue_delay_target: Option<Duration>,
+    pub(crate) queue_delay_interval: Option<Duration>,
+    pub(crate) retry_after_from_drain_rate: Option<Duration>,
     pub(crate) request_deadlines: bool,
     pub(crate) aging_interval: Option<Duration>,
     pub(crate) priority_bands: Vec<i32>,
@@ -105,6 +108,10 @@ pub struct AdmissionConfig {
     #[cfg(feature = "metrics")]
     pub(crate) metrics_prefix: Option<String>,
 }
+
+/// How long a queue's wait must stay above the queue delay target before
+/// it sheds, unless set.
+pub(crate) const DEFAULT_QUEUE_DELAY_INTERVAL: Duration = Duration::from_millis(100);
 
 impl fmt::Debug for AdmissionConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -123,6 +130,12 @@ impl fmt::Debug for AdmissionConfig {
             .field("request_queue_token_limit", &self.request_queue_token_limit)
             .field("request_queue_wait_limit", &self.request_queue_wait_limit)
             .field("ttft_objective", &self.ttft_objective)
+            .field("queue_delay_target", &self.queue_delay_target)
+            .field("queue_delay_interval", &self.queue_delay_interval)
+            .field(
+                "retry_after_from_drain_rate",
+                &self.retry_after_from_drain_rate,
+            )
             .field("request_deadlines", &self.request_deadlines)
             .field("aging_interval", &self.aging_interval)
             .field("priority_bands", &self.priority_bands)
@@ -286,6 +299,118 @@ impl AdmissionConfig {
             || self.ttft_objective.is_some()
             || self.request_deadlines
             || self.aging_interval.is_some()
+            || self.queue_delay_target.is_some()
+            || self.retry_after_from_drain_rate.is_some()
+    }
+
+    /// Sets the queue delay target: controlled delay (CoDel) for the
+    /// request queue. A burst may queue, a standing queue may not: when the
+    /// wait of every request in a queue has stayed above `target` for a
+    /// whole [interval](Self::queue_delay_interval) (100 ms unless set),
+    /// the queue's requests older than `target` are answered as overload
+    /// (worker scope, reason
+    /// [`QueueDelay`](crate::RejectionReason::QueueDelay)), and so is
+    /// every request that waits longer than `target`, until the standing
+    /// queue has drained (stayed below `target` for an interval). A burst the queue absorbs within
+    /// `target + interval` is never shed. Off unless set.
+    ///
+    /// The rule is CoDel's, per queue (each rank's and the unranked one),
+    /// checked at each of the gate's events, on the gate's clock: the queue
+    /// is *above* from the moment its oldest request's wait passed
+    /// `target`, and stays above while its oldest request is older than
+    /// `target`; once it has been above for `interval` it *sheds* (every
+    /// request older than `target` is answered at once) until it has
+    /// stayed below for `interval`.
+    /// Under a sustained overload the queue then holds about `target` of
+    /// work and no more; admitted requests have waited about `target` at
+    /// most.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::new().queue_delay_target(Duration::from_millis(50));
+    /// assert_eq!(config.explicit_queue_delay_target(), Some(Duration::from_millis(50)));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `target` is zero (use a queue limit of 0 to have no queue).
+    #[track_caller]
+    pub fn queue_delay_target(mut self, target: Duration) -> Self {
+        assert!(
+            !target.is_zero(),
+            "invalid queue_delay_target: 0 (the target must be positive)"
+        );
+        self.queue_delay_target = Some(target);
+        self
+    }
+
+    /// Sets how long a queue's wait must stay above the
+    /// [queue delay target](Self::queue_delay_target) before its old
+    /// requests are shed; 100 ms unless set. Without a target it does
+    /// nothing.
+    ///
+    /// # Panics
+    ///
+    /// If `interval` is zero.
+    #[track_caller]
+    pub fn queue_delay_interval(mut self, interval: Duration) -> Self {
+        assert!(
+            !interval.is_zero(),
+            "invalid queue_delay_interval: 0 (the interval must be positive)"
+        );
+        self.queue_delay_interval = Some(interval);
+        self
+    }
+
+    /// The queue delay target, if one was set.
+    pub fn explicit_queue_delay_target(&self) -> Option<Duration> {
+        self.queue_delay_target
+    }
+
+    /// The queue delay interval in force: the one set, or 100 ms.
+    pub fn queue_delay_interval_in_force(&self) -> Duration {
+        self.queue_delay_interval
+            .unwrap_or(DEFAULT_QUEUE_DELAY_INTERVAL)
+    }
+
+    /// Estimates, for every worker-scoped rejection, when the worker will
+    /// have room: the requests in its queue divided by the rate its queue
+    /// has drained at, rounded up to whole seconds and clamped to
+    /// `[1 s, max]` ([`Overloaded::retry_after`](crate::Overloaded::retry_after)).
+    /// The HTTP layer then sends it as `Retry-After` (gRPC:
+    /// `grpc-retry-pushback-ms`) instead of its fixed value, and a frontend
+    /// (`route`) waits that long, up to its own caps. Before the queue has
+    /// drained at a measured rate (or with no queue) there is no estimate,
+    /// and the layer sends its fixed value. Off unless set: by default
+    /// `Retry-After` is a fixed `1`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::new().retry_after_from_drain_rate(Duration::from_secs(30));
+    /// assert_eq!(config.explicit_retry_after_from_drain_rate(), Some(Duration::from_secs(30)));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `max` is shorter than one second: the estimate is in whole
+    /// seconds, at least one.
+    #[track_caller]
+    pub fn retry_after_from_drain_rate(mut self, max: Duration) -> Self {
+        assert!(
+            max >= Duration::from_secs(1),
+            "invalid retry_after_from_drain_rate: {max:?} (the maximum must be at least 1 s)"
+        );
+        self.retry_after_from_drain_rate = Some(max);
+        self
+    }
+
+    /// The maximum of the drain-rate `Retry-After` estimate, if it is on.
+    pub fn explicit_retry_after_from_drain_rate(&self) -> Option<Duration> {
+        self.retry_after_from_drain_rate
     }
 
     /// Sets the aging interval (SPEC §8): a queued request rises one
@@ -429,6 +554,7 @@ impl AdmissionConfig {
     /// | request queue wait limit (ms) | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
     /// | time-to-first-token objective (ms) | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
     /// | aging interval (ms) | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+    /// | queue delay target (ms) | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
     /// | priority bands | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` (`-1,0,10`) |
     /// | tenant weights | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` (`chat=4,batch=1`) |
     ///

@@ -300,7 +300,10 @@ impl Gate {
         }
         let observer = &self.inner.observer;
         match concerned {
-            Concerned::Bucket(event) => {
+            Concerned::Bucket(mut event) => {
+                // Controlled delay's rejections change tallies at any
+                // event, in the buckets of the offers.
+                event.tally_changed |= state.take_shed();
                 // Every bucket event advanced the state to its own time:
                 // ages on the gate's clock reuse that reading.
                 let read_at = state.event_time();

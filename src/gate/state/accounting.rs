@@ -223,9 +223,18 @@ impl<T> State<T> {
         client: bool,
     ) -> Overloaded {
         self.count_band(bucket, rung, |band| band.rejected += 1);
-        let scope = self.rejection_scope(bucket);
+        let scope = match reason {
+            // A standing queue is the worker's, whatever its rank.
+            RejectionReason::QueueDelay => RejectionScope::Worker,
+            _ => self.rejection_scope(bucket),
+        };
         let expired = u64::from(reason == RejectionReason::Deadline);
         let displaced = u64::from(reason == RejectionReason::Displaced);
+        let shed = u64::from(reason == RejectionReason::QueueDelay);
+        let retry_after = match scope {
+            RejectionScope::Worker => self.drain_estimate(),
+            RejectionScope::Rank(_) => None,
+        };
         let tally = &mut self.bucket_mut(bucket).tally;
         match scope {
             RejectionScope::Rank(_) => {
@@ -237,12 +246,14 @@ impl<T> State<T> {
                 tally.rejected_worker += 1;
                 tally.expired_worker += expired;
                 tally.displaced_worker += displaced;
+                tally.shed_worker += shed;
             }
         }
         Overloaded {
             scope,
             reason,
             client_deadline: client,
+            retry_after,
         }
     }
 

@@ -62,6 +62,7 @@ use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 mod accounting;
 mod buckets;
 mod budget;
+mod codel;
 mod queue;
 mod view;
 
@@ -172,7 +173,8 @@ enum Status {
     Queued,
     /// Admitted from the queue; the waiter has not taken the grant yet.
     Offered(Grant),
-    /// Displaced from a full queue; the waiter has not heard yet.
+    /// Displaced from a full queue, or shed from a standing one
+    /// (controlled delay); the waiter has not heard yet.
     Displaced(Overloaded),
 }
 
@@ -230,6 +232,13 @@ pub(crate) struct State<T> {
     ladder: Ladder,
     /// Tenant weights other than 1.
     weights: HashMap<Tenant, u32>,
+    /// Controlled delay's settings, when a queue delay target is set.
+    codel: Option<codel::Settings>,
+    /// Whether controlled delay shed a request since the driver last
+    /// asked ([`State::take_shed`]).
+    shed: bool,
+    /// Whether some queue is shedding (controlled delay).
+    codel_shedding: bool,
 }
 
 impl<T> State<T> {
@@ -257,7 +266,17 @@ impl<T> State<T> {
             mean_wait: None,
             ladder,
             weights,
+            codel: None,
+            shed: false,
+            codel_shedding: false,
         };
+        state.codel = state
+            .config
+            .queue_delay_target
+            .map(|target| codel::Settings {
+                target,
+                interval: state.config.queue_delay_interval_in_force(),
+            });
         state.timed = state.config.deadlines_enabled();
         if let Some(capacity) = capacity {
             state.report_capacity(capacity);
@@ -293,6 +312,10 @@ impl<T> State<T> {
         class: Class,
         payload: T,
     ) -> Arrival {
+        if self.codel.is_some() {
+            // A standing queue sheds before the newcomer joins it.
+            self.dequeue();
+        }
         let bucket = self.recognise(rank);
         self.bucket_mut(bucket).tally.received += 1;
         let rung = self.ladder.rung(class.priority);
@@ -542,6 +565,12 @@ impl<T> State<T> {
         self.offered = offered;
     }
 
+    /// Whether controlled delay shed a queued request since the last call:
+    /// the tallies of the buckets of the offers changed.
+    pub(crate) fn take_shed(&mut self) -> bool {
+        std::mem::take(&mut self.shed)
+    }
+
     /// Whether any request was offered an admission since the last drain.
     #[inline]
     pub(crate) fn has_offers(&self) -> bool {
@@ -611,6 +640,9 @@ impl<T> State<T> {
     /// queue, so long prompts are never starved.
     #[inline]
     fn dequeue(&mut self) {
+        // Controlled delay first: a request that waited too long in a
+        // standing queue is shed, not admitted late.
+        self.control_delay();
         if self.total.queued > 0 {
             self.dequeue_slow();
         }
