@@ -311,7 +311,7 @@ impl AdmissionConfig {
     /// (worker scope, reason
     /// [`QueueDelay`](crate::RejectionReason::QueueDelay)), and so is
     /// every request that waits longer than `target`, until the standing
-    /// queue has drained (stayed below `target` for an interval). A burst the queue absorbs within
+    /// queue has drained (stayed empty for an interval). A burst the queue absorbs within
     /// `target + interval` is never shed. Off unless set.
     ///
     /// The rule is CoDel's, per queue (each rank's and the unranked one),
@@ -320,7 +320,7 @@ impl AdmissionConfig {
     /// `target`, and stays above while its oldest request is older than
     /// `target`; once it has been above for `interval` it *sheds* (every
     /// request older than `target` is answered at once) until it has
-    /// stayed below for `interval`.
+    /// stayed empty for `interval`.
     /// Under a sustained overload the queue then holds about `target` of
     /// work and no more; admitted requests have waited about `target` at
     /// most.

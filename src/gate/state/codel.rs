@@ -26,9 +26,10 @@
 //! * Once a queue has been above for `interval`, it *sheds*: every request
 //!   older than `target` leaves it, rejected (worker scope, reason
 //!   `queue_delay`). It keeps shedding, at each event, until the standing
-//!   queue has drained: until it has stayed below for a whole `interval`
+//!   queue has drained: until it has stayed empty for a whole `interval`
 //!   (a queue that empties for a moment under a sustained overload still
-//!   stands).
+//!   stands, and one whose requests are young only because the old ones
+//!   were shed has not drained).
 //!
 //! So a burst that the queue absorbs within `target + interval` is never
 //! shed (its oldest request never waits that long), and a sustained
@@ -64,9 +65,8 @@ pub(crate) struct Codel {
     /// Since when every request the queue served or holds has waited longer
     /// than the target; `None` while below.
     above_since: Option<Instant>,
-    /// While shedding: since when the queue has been below the target
-    /// (empty, or its oldest request no older than the target); `None`
-    /// while above.
+    /// While shedding: since when the queue has been empty; `None` while
+    /// it holds requests.
     below_since: Option<Instant>,
     /// Whether the queue is shedding requests older than the target.
     shedding: bool,
@@ -82,25 +82,26 @@ impl Codel {
         now: Instant,
         oldest: Option<Instant>,
     ) -> bool {
-        let above =
-            oldest.is_some_and(|oldest| now.saturating_duration_since(oldest) > settings.target);
-        let Some(oldest) = oldest.filter(|_| above) else {
-            self.above_since = None;
-            if self.shedding {
-                // The standing queue has drained once it stayed below for
-                // a whole interval: a queue that empties for a moment
-                // under a sustained overload still stands.
+        if self.shedding {
+            // The standing queue has drained once the queue stayed empty
+            // for a whole interval: one that empties for a moment under a
+            // sustained overload still stands.
+            let Some(oldest) = oldest else {
                 let since = *self.below_since.get_or_insert(now);
                 if now.saturating_duration_since(since) >= settings.interval {
                     *self = Codel::default();
                 }
-            }
+                return false;
+            };
+            self.below_since = None;
+            return now.saturating_duration_since(oldest) > settings.target;
+        }
+        let Some(oldest) =
+            oldest.filter(|&oldest| now.saturating_duration_since(oldest) > settings.target)
+        else {
+            self.above_since = None;
             return false;
         };
-        self.below_since = None;
-        if self.shedding {
-            return true;
-        }
         let since = *self.above_since.get_or_insert(oldest + settings.target);
         if now.saturating_duration_since(since) >= settings.interval {
             self.shedding = true;
@@ -294,16 +295,17 @@ mod tests {
         assert!(!codel.check(settings, ms(60), Some(ms(0))));
         assert!(!codel.check(settings, ms(149), Some(ms(0))));
         assert!(codel.check(settings, ms(150), Some(ms(0))));
-        // It sheds while above, and while the queue has not stayed below
-        // for a whole interval, however briefly it empties.
+        // It sheds while above, and until the queue has stayed empty for a
+        // whole interval, however briefly it empties.
         assert!(codel.check(settings, ms(151), Some(ms(100))));
         assert!(!codel.check(settings, ms(152), None));
         assert!(codel.is_shedding());
         assert!(codel.check(settings, ms(200), Some(ms(140))));
         assert!(!codel.check(settings, ms(210), Some(ms(200))));
-        assert!(!codel.check(settings, ms(309), None));
+        assert!(!codel.check(settings, ms(220), None));
+        assert!(!codel.check(settings, ms(319), None));
         assert!(codel.is_shedding());
-        assert!(!codel.check(settings, ms(310), None));
+        assert!(!codel.check(settings, ms(320), None));
         assert!(!codel.is_shedding());
         // Drained: the next standing queue waits a whole interval again.
         assert!(!codel.check(settings, ms(400), Some(ms(300))));
