@@ -302,6 +302,7 @@ fn a_valid_canonical_value_means_the_alias_is_never_read() {
             QUEUE_WAIT_MS,
             TTFT_MS,
             AGING_MS,
+            "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
             BANDS,
             WEIGHTS
         ]
@@ -593,6 +594,7 @@ mod cli {
                 QUEUE_WAIT_MS,
                 TTFT_MS,
                 AGING_MS,
+                "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
                 BANDS,
                 WEIGHTS
             ]
