@@ -164,6 +164,7 @@ enum Group {
     Base,
     Tokens,
     Priorities,
+    Saturation,
 }
 
 /// Declares every metric family once: the group it is described with,
@@ -227,6 +228,7 @@ families! {
     Priorities gauge request_queue_by_priority_count: Count, "Requests waiting in the gate's queue, by the configured priority band they arrived in.";
     Priorities counter request_admit_by_priority_total: Count, "Requests admitted to the engine (either source), by the configured priority band they arrived in.";
     Priorities counter rejection_by_priority_total: Count, "Requests rejected as overload (any scope and reason), by the configured priority band they arrived in.";
+    Saturation gauge saturation: Count, "Demand over what the gate can hold in the engine and its queue, 0 (idle) to 1 (the next request is rejected); a rank's is the larger of its own and the worker's; dp_rank=unspecified is the whole worker.";
 }
 
 impl Names {
@@ -240,6 +242,10 @@ impl Names {
 
     fn describe_tokens(&self) {
         self.describe_group(Group::Tokens);
+    }
+
+    fn describe_saturation(&self) {
+        self.describe_group(Group::Saturation);
     }
 }
 
@@ -336,6 +342,8 @@ struct Shape {
     /// Whether controlled delay is on: then rejections of reason
     /// `queue_delay` have a series.
     shedding: bool,
+    /// Whether the saturation gauge is recorded.
+    saturation: bool,
     /// The `priority` label of each configured band, lowest first; empty:
     /// no per-priority series.
     priorities: Vec<String>,
@@ -357,6 +365,7 @@ impl Shape {
             token_limits,
             reasons: config.deadlines_enabled() || !priorities.is_empty(),
             shedding: config.explicit_queue_delay_target().is_some(),
+            saturation: config.explicit_saturation_metric(),
             priorities,
         }
     }
@@ -368,6 +377,7 @@ impl Shape {
             token_limits: None,
             reasons: false,
             shedding: false,
+            saturation: false,
             priorities: Vec::new(),
         }
     }
@@ -401,6 +411,8 @@ struct BucketMetrics {
     queue_wait: Histogram,
     engine_waiting_time: Histogram,
     oldest_wait: Gauge,
+    /// The saturation gauge, when it is recorded.
+    saturation: Gauge,
     tokens: Option<TokenMetrics>,
     /// One per configured priority band, lowest first.
     bands: Vec<BandMetrics>,
@@ -413,6 +425,9 @@ struct BucketMetrics {
 struct Applied {
     counts: u64,
     limits: u64,
+    /// The latest event whose worker saturation was set (the unranked
+    /// bucket's series shows the worker's).
+    saturation: u64,
 }
 
 impl BucketMetrics {
@@ -452,6 +467,7 @@ impl BucketMetrics {
             queue_wait: Histogram::noop(),
             engine_waiting_time: Histogram::noop(),
             oldest_wait: Gauge::noop(),
+            saturation: Gauge::noop(),
             tokens: None,
             bands: Vec::new(),
             applied: Mutex::default(),
@@ -516,6 +532,10 @@ impl BucketMetrics {
             queue_wait: histogram(&names.request_queue_wait_seconds),
             engine_waiting_time: histogram(&names.engine_request_waiting_seconds),
             oldest_wait: gauge(&names.request_queue_oldest_age_seconds),
+            saturation: match shape.saturation {
+                true => gauge(&names.saturation),
+                false => Gauge::noop(),
+            },
             tokens: shape
                 .token_limits
                 .as_ref()
@@ -544,6 +564,10 @@ impl BucketMetrics {
             self.queued.set(counts.queued as f64);
             self.oldest_wait
                 .set(view.oldest_wait.map_or(0.0, |waited| waited.as_secs_f64()));
+            self.saturation.set(view.saturation);
+            if view.rank.is_none() {
+                applied.saturation = seq;
+            }
             if let Some(tokens) = &self.tokens {
                 tokens.set_counts(&counts);
             }
@@ -587,6 +611,16 @@ impl BucketMetrics {
                 applied.limits = seq;
                 self.set_limits(limits, ranks);
             }
+        }
+    }
+
+    /// Sets the worker's saturation (the unranked bucket's series) after
+    /// event `seq`, unless a later event set it already.
+    fn set_worker_saturation(&self, seq: u64, saturation: f64) {
+        let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        if seq > applied.saturation {
+            applied.saturation = seq;
+            self.saturation.set(saturation);
         }
     }
 
@@ -635,6 +669,9 @@ impl Series {
             }
             if !shape.priorities.is_empty() {
                 names.describe_priorities();
+            }
+            if shape.saturation {
+                names.describe_saturation();
             }
         });
         Series {
@@ -725,6 +762,11 @@ impl Observer for Recorder {
             observation.tally_changed,
             None,
         );
+        // Every event moves the worker's saturation, whichever bucket it
+        // concerned.
+        series
+            .unranked
+            .set_worker_saturation(observation.seq, observation.worker_saturation);
         for view in &observation.offered {
             // An event that changed tallies may have changed theirs too
             // (controlled delay sheds from any queue).

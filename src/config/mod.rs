@@ -97,6 +97,7 @@ pub struct AdmissionConfig {
     pub(crate) queue_delay_target: Option<Duration>,
     pub(crate) queue_delay_interval: Option<Duration>,
     pub(crate) retry_after_from_drain_rate: Option<Duration>,
+    pub(crate) saturation_metric: bool,
     pub(crate) request_deadlines: bool,
     pub(crate) aging_interval: Option<Duration>,
     pub(crate) priority_bands: Vec<i32>,
@@ -136,6 +137,7 @@ impl fmt::Debug for AdmissionConfig {
                 "retry_after_from_drain_rate",
                 &self.retry_after_from_drain_rate,
             )
+            .field("saturation_metric", &self.saturation_metric)
             .field("request_deadlines", &self.request_deadlines)
             .field("aging_interval", &self.aging_interval)
             .field("priority_bands", &self.priority_bands)
@@ -406,6 +408,23 @@ impl AdmissionConfig {
         );
         self.retry_after_from_drain_rate = Some(max);
         self
+    }
+
+    /// Records the gauge `<prefix>_saturation{dp_rank}` (feature
+    /// `metrics`): how saturated each rank is, and under
+    /// `dp_rank="unspecified"` the whole worker, from 0 (idle) to 1 (the
+    /// next request would be rejected); see [`Gate::saturation`](crate::Gate::saturation)
+    /// for the formula. The one series a router or an autoscaler needs.
+    /// Off unless set, so that the default series stay those of SPEC §6;
+    /// [`Gate::saturation`](crate::Gate::saturation) is always there.
+    pub fn saturation_metric(mut self, record: bool) -> Self {
+        self.saturation_metric = record;
+        self
+    }
+
+    /// Whether the saturation gauge is recorded.
+    pub fn explicit_saturation_metric(&self) -> bool {
+        self.saturation_metric
     }
 
     /// The maximum of the drain-rate `Retry-After` estimate, if it is on.

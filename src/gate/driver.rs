@@ -259,6 +259,41 @@ impl Gate {
         self.lock().limits()
     }
 
+    /// How saturated the whole worker is, from 0 (idle) to 1 (the next
+    /// request would be rejected): demand over what the gate can hold in
+    /// the engine and in its queue, `(e × E + q × Q) / (E + Q)` with `e`
+    /// the engine's fill (the fullest of its limits), `q` the queue's, `E`
+    /// and `Q` the combined engine request and queue limits. The same
+    /// value as the `saturation{dp_rank="unspecified"}` gauge (with
+    /// [`AdmissionConfig::saturation_metric`](crate::AdmissionConfig::saturation_metric)).
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, Gate};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let gate = Gate::new(AdmissionConfig::new().engine_request_limit(2).request_queue_limit(2));
+    /// assert_eq!(gate.saturation(), 0.0);
+    /// let _a = gate.acquire(None).await.unwrap();
+    /// let _b = gate.acquire(None).await.unwrap();
+    /// assert_eq!(gate.saturation(), 0.5); // the engine is full, the queue empty
+    /// let _c = gate.acquire(None);
+    /// let _d = gate.acquire(None);
+    /// assert_eq!(gate.saturation(), 1.0); // the next request is rejected
+    /// assert!(gate.acquire(None).await.is_err());
+    /// # });
+    /// ```
+    pub fn saturation(&self) -> f64 {
+        self.lock().saturation(None)
+    }
+
+    /// How saturated `rank` is, 0 to 1: the larger of the rank's own
+    /// saturation (its counts over its limits) and the worker's, since a
+    /// ranked request needs room in both. A rank the engine has not
+    /// reported is unranked: the worker's.
+    pub fn rank_saturation(&self, rank: u32) -> f64 {
+        self.lock().saturation(Some(rank))
+    }
+
     /// The gate's time, read before taking the lock; `None` unless
     /// deadlines are on.
     #[inline]
@@ -397,6 +432,10 @@ impl Observed for State<Waiter> {
 
     fn view(&self, rank: Option<u32>) -> BucketView {
         State::view(self, rank)
+    }
+
+    fn worker_saturation(&self) -> f64 {
+        State::saturation(self, None)
     }
 
     #[inline]

@@ -14,7 +14,7 @@ use super::types::{BandTally, Counts, Tally};
 use crate::config::{AdmissionConfig, Clock, Limits};
 
 /// One bucket — a rank, or the unranked requests — after an event.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) struct BucketView {
     /// The rank, `None` for the unranked requests.
@@ -27,6 +27,9 @@ pub(crate) struct BucketView {
     /// How long the bucket's oldest queued request has waited, measured
     /// after the lock was released; `None` when its queue is empty.
     pub(crate) oldest_wait: Option<Duration>,
+    /// How saturated the bucket's rank is, 0 to 1; for the unranked
+    /// requests, the whole worker ([`Gate::saturation`](crate::Gate::saturation)).
+    pub(crate) saturation: f64,
 }
 
 /// One configured priority band of a bucket.
@@ -57,6 +60,9 @@ pub(crate) struct Observation {
     /// Admission to first token or completion, for a request whose waiting
     /// the event ended.
     pub(crate) engine_waiting: Option<Duration>,
+    /// The whole worker's saturation after the event: every event changes
+    /// it, whichever bucket it concerned.
+    pub(crate) worker_saturation: f64,
 }
 
 /// The limits in force and every bucket, after the gate was built, the
@@ -82,6 +88,8 @@ pub(crate) trait Observed {
     fn next_event(&mut self) -> u64;
     /// The bucket of `rank` (`None`: the unranked requests) as it is now.
     fn view(&self, rank: Option<u32>) -> BucketView;
+    /// The whole worker's saturation, 0 to 1.
+    fn worker_saturation(&self) -> f64;
     /// When that bucket's oldest queued request arrived; `None` when its
     /// queue is empty.
     fn oldest_arrival(&self, rank: Option<u32>) -> Option<Arrived>;
@@ -156,6 +164,7 @@ impl Observation {
             offered,
             queue_wait: event.queue_wait,
             engine_waiting: event.engine_waiting,
+            worker_saturation: state.worker_saturation(),
         };
         Collected::of(state, observation, read_at)
     }

@@ -64,6 +64,7 @@ mod buckets;
 mod budget;
 mod codel;
 mod queue;
+mod saturation;
 mod view;
 
 pub(crate) use self::accounting::Demand;

@@ -32,6 +32,7 @@ impl<T> State<T> {
             tally: bucket.tally,
             bands: bucket.band_views(self.ladder.configured_bands()),
             oldest_wait: None,
+            saturation: self.saturation(rank),
         }
     }
 
