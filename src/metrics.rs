@@ -25,6 +25,33 @@
 //! | `engine_request_waiting_seconds` | histogram | | admission to first token or completion: the W of Little's law |
 //! | `request_queue_oldest_age_seconds` | gauge | | how long the oldest request still in the gate's queue has waited; 0 when the queue is empty |
 //!
+//! With [`AdmissionConfig::saturation_metric`](crate::AdmissionConfig::saturation_metric)
+//! one more gauge, per `dp_rank`, is the single signal for routers and
+//! autoscalers (off by default, so that the default series are SPEC §6's):
+//!
+//! | suffix | type | meaning |
+//! |---|---|---|
+//! | `saturation` | gauge | demand over what the gate can hold, in the engine and in its queue: 0 when idle, 1 when the next request would be rejected |
+//!
+//! For counts `c` against limits `L`: engine fill `e` = the largest of
+//! `c.engine_requests / L.engine_request_limit`, `c.engine_waiting /
+//! L.engine_request_waiting_limit` and, where token limits are set, the
+//! token counts over them; queue fill `q` = the larger of `c.queued /
+//! L.request_queue_limit` and queued tokens over their limit; each at most
+//! 1; and `saturation = (e × E + q × Q) / (E + Q)` with `E` the engine
+//! request limit and `Q` the queue limit. Under `dp_rank="unspecified"` it
+//! is the **whole worker's** (its combined counts over its combined
+//! limits, which is what unranked requests draw on), and a rank's series
+//! is the larger of the rank's own and the worker's (a ranked request
+//! needs room in both). It is a ratio, so it does **not** follow the sum
+//! rule of the other series: the worker total is the `unspecified` series
+//! itself (as for the limit gauges), not a sum over `dp_rank`; take `max`
+//! over `dp_rank` for the busiest rank. The worker's series is set at
+//! every event; a rank's at that rank's events and at
+//! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) (call it before
+//! a scrape). [`Gate::saturation`](crate::Gate::saturation) gives the same
+//! value in code.
+//!
 //! With a token limit set ([`AdmissionConfig::engine_waiting_token_limit`](crate::AdmissionConfig::engine_waiting_token_limit)
 //! and its siblings), six more gauges weigh the requests, per `dp_rank`;
 //! without one they do not exist:
