@@ -330,22 +330,23 @@ impl Gate {
                 // Every bucket event advanced the state to its own time:
                 // ages on the gate's clock reuse that reading.
                 let read_at = state.event_time();
-                let collected = Observation::collect(&mut *state, event, &offered_ranks, read_at);
+                let mut collected =
+                    Observation::collect(&mut *state, event, &offered_ranks, read_at);
                 drop(state);
                 wake_all(wakers);
                 let observation = collected.measure(&self.inner.clock);
-                let refresh = contain(|| observer.observe(&observation));
-                observation.recycle();
+                let refresh = contain(|| observer.observe(observation));
+                collected.recycle();
                 if refresh {
                     self.refresh_metrics();
                 }
             }
             Concerned::Everything => {
-                let collected = Configured::collect(&mut *state);
+                let mut collected = Configured::collect(&mut *state);
                 drop(state);
                 wake_all(wakers);
                 let configured = collected.measure(&self.inner.clock);
-                contain(|| observer.configured(&configured));
+                contain(|| observer.configured(configured));
             }
         }
     }
@@ -420,10 +421,12 @@ fn log_limits(in_force: &LimitsInForce, why: &str) {
 }
 
 impl Observed for State<Waiter> {
+    #[inline]
     fn next_event(&mut self) -> u64 {
         State::next_event(self)
     }
 
+    #[inline]
     fn view(&self, rank: Option<u32>) -> BucketView {
         State::view(self, rank)
     }
@@ -634,11 +637,11 @@ impl Future for Acquire {
         let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
             unreachable!("matched above")
         };
-        if let Some(collected) = observation {
+        if let Some(mut collected) = observation {
             let observation = collected.measure(&gate.inner.clock);
             let observer = &gate.inner.observer;
-            let refresh = contain(|| observer.observe(&observation));
-            observation.recycle();
+            let refresh = contain(|| observer.observe(observation));
+            collected.recycle();
             if refresh {
                 gate.refresh_metrics();
             }

@@ -214,9 +214,11 @@ impl<T: Buckets> Collected<T> {
     }
 
     /// The observation, with the age of each bucket's oldest queued request
-    /// measured now. Call it after releasing the lock.
+    /// measured now. Call it after releasing the lock. (In place: an
+    /// observation is a few hundred bytes, and the hot path does not copy
+    /// it about.)
     #[inline]
-    pub(crate) fn measure(mut self, clock: &Clock) -> T {
+    pub(crate) fn measure(&mut self, clock: &Clock) -> &T {
         let mut now = Now {
             clock,
             gate: self.read_at,
@@ -227,7 +229,15 @@ impl<T: Buckets> Collected<T> {
                 view.oldest_wait = Some(now.since(arrived));
             }
         }
-        self.observation
+        &self.observation
+    }
+}
+
+impl Collected<Observation> {
+    /// Gives the observation's buffers back to the spares, once observed.
+    #[inline]
+    pub(crate) fn recycle(self) {
+        self.observation.recycle();
     }
 }
 

@@ -53,6 +53,7 @@ impl<T> State<T> {
 
     /// Numbers the event just applied, for observers: later events get
     /// higher numbers.
+    #[inline]
     pub(crate) fn next_event(&mut self) -> u64 {
         self.events += 1;
         self.events
