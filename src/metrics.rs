@@ -89,8 +89,18 @@
 //! (`INFO`), and sets every series at once, as
 //! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) does, counters
 //! included (they are set from the gate's tallies, so nothing counted
-//! before is lost). A gate built after the recorder pays one relaxed load
-//! per event for this. (The facade cannot say whether a recorder is
+//! before is lost). Until then it skips each event's observation: it
+//! reads no clock for it and sets nothing (there is nothing to set), so a
+//! request admitted before the recorder appeared records no
+//! `engine_request_waiting_seconds` sample (queued requests are stamped
+//! all the same, for their queue waits and ages). A gate built after the
+//! recorder pays one relaxed load per event for this.
+//!
+//! Each event sets only the series whose values it changed (the values
+//! last written are kept beside the handles, under the same lock that
+//! orders racing observations); the whole picture (the gate built, a
+//! capacity report, [`Gate::refresh_metrics`](crate::Gate::refresh_metrics))
+//! sets every series again. (The facade cannot say whether a recorder is
 //! installed; the gate takes a zero-sized recorder — the facade's no-op
 //! one — for none. A zero-sized recorder of your own still receives the
 //! series registered when the gate was built.)
