@@ -94,16 +94,18 @@
 //! request admitted before the recorder appeared records no
 //! `engine_request_waiting_seconds` sample (queued requests are stamped
 //! all the same, for their queue waits and ages). A gate built after the
-//! recorder pays one relaxed load per event for this.
+//! recorder pays one relaxed load per event for this. (The facade cannot
+//! say whether a recorder is installed; the gate takes a zero-sized
+//! recorder — the facade's no-op one — for none. A zero-sized recorder of
+//! your own still receives the series registered when the gate was built,
+//! set whenever the gate sets the whole picture — when it is built, at
+//! capacity reports and at [`Gate::refresh_metrics`](crate::Gate::refresh_metrics)
+//! — but not at each event.)
 //!
 //! Each event sets only the series whose values it changed (the values
 //! last written are kept beside the handles, under the same lock that
-//! orders racing observations); the whole picture (the gate built, a
-//! capacity report, [`Gate::refresh_metrics`](crate::Gate::refresh_metrics))
-//! sets every series again. (The facade cannot say whether a recorder is
-//! installed; the gate takes a zero-sized recorder — the facade's no-op
-//! one — for none. A zero-sized recorder of your own still receives the
-//! series registered when the gate was built.)
+//! orders racing observations); the whole picture sets every series
+//! again.
 //!
 //! A recorder that panics loses its own observation and nothing else: the
 //! gate's capacity, its waiters and the process are unaffected.
