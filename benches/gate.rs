@@ -12,6 +12,12 @@
 //!   to the queue) and the priority flood (ten thousand distinct priorities
 //!   with aging against three), per admission and per cancel + arrival.
 //!
+//! After criterion, interleaved tables (see `support`) give the ratios:
+//! the uncontended life against the Semaphore; the gate with a Prometheus
+//! recorder against the same gate without one (and the recorder's own
+//! writes alone, as a floor); 2, 4 and 8 threads contending on one gate
+//! against as many on one Semaphore; the queue depths; the floods.
+//!
 //! Run: `cargo bench --bench gate` (the gate with its default features,
 //! metrics compiled in, no recorder installed) and
 //! `cargo bench --bench gate --no-default-features` (the gate alone).
