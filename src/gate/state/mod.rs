@@ -436,6 +436,13 @@ impl<T> State<T> {
         }
     }
 
+    /// The payload of the request of `ticket`, whatever became of it,
+    /// unless the ticket is stale.
+    pub(crate) fn payload_mut(&mut self, ticket: Ticket) -> Option<&mut T> {
+        self.live(ticket)?;
+        Some(&mut self.entries[ticket.slot].payload)
+    }
+
     /// The request of `ticket` is cancelled. Still queued, it leaves its
     /// queue; already offered, the cancellation wins: the offered capacity
     /// is released and passes on to the next waiter. Either way the request

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::State;
 use super::buckets::{Bucket, BucketKey};
 use crate::config::{EngineCapacity, Limits, LimitsInForce};
-use crate::gate::observe::{BandView, BucketView};
+use crate::gate::observe::{BandView, BucketView, spare};
 use crate::gate::types::{Counts, Tally};
 
 impl<T> State<T> {
@@ -32,6 +32,7 @@ impl<T> State<T> {
             tally: bucket.tally,
             bands: bucket.band_views(self.ladder.configured_bands()),
             oldest_wait: None,
+            arrived: None,
         }
     }
 
@@ -52,6 +53,7 @@ impl<T> State<T> {
 
     /// Numbers the event just applied, for observers: later events get
     /// higher numbers.
+    #[inline]
     pub(crate) fn next_event(&mut self) -> u64 {
         self.events += 1;
         self.events
@@ -114,12 +116,16 @@ impl<T> State<T> {
 impl Bucket {
     /// Each of the `configured` bands, lowest first: its queued requests
     /// and its tally. `None` without configured bands.
+    ///
+    /// The buffer is a spare one (see [`spare`]): in a steady state this
+    /// allocates nothing.
     #[inline]
-    fn band_views(&self, configured: usize) -> Option<Box<[BandView]>> {
+    fn band_views(&self, configured: usize) -> Option<Vec<BandView>> {
         if configured == 0 {
             return None;
         }
-        let mut bands = vec![BandView::default(); configured];
+        let mut bands = spare::bands();
+        bands.resize(configured, BandView::default());
         for (band, tally) in bands.iter_mut().zip(&self.bands) {
             band.tally = *tally;
         }
@@ -127,6 +133,6 @@ impl Bucket {
         for (rung, queued) in self.queue.band_lengths() {
             bands[rung as usize].queued = queued;
         }
-        Some(bands.into_boxed_slice())
+        Some(bands)
     }
 }
