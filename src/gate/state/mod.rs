@@ -682,6 +682,8 @@ impl<T> State<T> {
 }
 
 #[cfg(test)]
+mod adaptive_tests;
+#[cfg(test)]
 mod observe_tests;
 #[cfg(test)]
 mod qos_tests;
