@@ -80,7 +80,7 @@ impl Adaptive {
         if self.probe.is_some() {
             return self.params.floor;
         }
-        (self.estimate.round() as usize).clamp(self.params.floor, self.ceiling)
+        (self.estimate.floor() as usize).clamp(self.params.floor, self.ceiling)
     }
 
     /// The floor and the ceiling in force.
@@ -193,7 +193,10 @@ mod tests {
     fn assert_baseline(adaptive: &Adaptive, seconds: f64) {
         let (_, baseline) = adaptive.estimate();
         let baseline = baseline.expect("a baseline was measured");
-        assert!((baseline - seconds).abs() < 1e-9, "baseline {baseline} s, not {seconds} s");
+        assert!(
+            (baseline - seconds).abs() < 1e-9,
+            "baseline {baseline} s, not {seconds} s"
+        );
     }
 
     /// Feeds `n` samples of `wait`, one every `every`, starting at `at`,
@@ -285,7 +288,14 @@ mod tests {
             every,
             true,
         );
-        feed(&mut adaptive, at, 300, Duration::from_millis(40), every, true);
+        feed(
+            &mut adaptive,
+            at,
+            300,
+            Duration::from_millis(40),
+            every,
+            true,
+        );
         assert_baseline(&adaptive, 0.04);
     }
 
@@ -301,7 +311,14 @@ mod tests {
             every,
             true,
         );
-        feed(&mut adaptive, at, 30, Duration::from_millis(10), every, true);
+        feed(
+            &mut adaptive,
+            at,
+            30,
+            Duration::from_millis(10),
+            every,
+            true,
+        );
         assert_baseline(&adaptive, 0.01);
     }
 
