@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use tower_admission::{
-    AdaptiveWaitingLimit, Acquire, AdmissionConfig, EngineCapacity, Gate, LimitSource, Permit,
+    Acquire, AdaptiveWaitingLimit, AdmissionConfig, EngineCapacity, Gate, LimitSource, Permit,
 };
 
 const VARIABLE: &str = "DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT";
@@ -99,7 +99,11 @@ fn adaptive_gate() -> Gate {
 #[tokio::test(start_paused = true)]
 async fn the_limit_shrinks_when_waiting_time_rises_and_grows_back() {
     let gate = adaptive_gate();
-    assert_eq!(gate.limits().engine_request_waiting_limit, 1, "starts at the floor");
+    assert_eq!(
+        gate.limits().engine_request_waiting_limit,
+        1,
+        "starts at the floor"
+    );
     let mut engine = Engine::new(gate.clone());
 
     // 20 s at one tick per request while up to 16 wait: the limit grows
@@ -145,7 +149,10 @@ async fn a_lightly_loaded_gate_grows_its_limit_no_further_than_the_load_fills_it
 fn off_by_default_and_the_limits_in_force_say_so_when_on() {
     let off = Gate::new(AdmissionConfig::new().capacity(EngineCapacity::new(256, 1)));
     assert_eq!(off.limits().engine_request_waiting_limit, 256);
-    assert_eq!(AdmissionConfig::new().explicit_adaptive_waiting_limit(), None);
+    assert_eq!(
+        AdmissionConfig::new().explicit_adaptive_waiting_limit(),
+        None
+    );
 
     let on = Gate::new(
         AdmissionConfig::new()
@@ -174,7 +181,10 @@ fn off_by_default_and_the_limits_in_force_say_so_when_on() {
             .engine_request_waiting_limit(32),
     );
     assert_eq!(
-        capped.limits_in_force().sources.engine_request_waiting_limit,
+        capped
+            .limits_in_force()
+            .sources
+            .engine_request_waiting_limit,
         LimitSource::Adaptive {
             floor: 1,
             ceiling: 32
@@ -188,7 +198,11 @@ fn off_by_default_and_the_limits_in_force_say_so_when_on() {
 }
 
 fn lookup(value: Option<&'static str>) -> impl Fn(&str) -> Option<String> {
-    move |variable| (variable == VARIABLE).then(|| value.map(str::to_owned)).flatten()
+    move |variable| {
+        (variable == VARIABLE)
+            .then(|| value.map(str::to_owned))
+            .flatten()
+    }
 }
 
 #[test]

@@ -203,9 +203,14 @@ pub(crate) fn resolve(
     for (tenant, weight) in tenant_weights.into_iter().flatten() {
         config = config.tenant_weight(tenant, weight);
     }
-    let adaptive = overrides
-        .adaptive_waiting_limit
-        .or_else(|| read(ADAPTIVE_WAITING_LIMIT, lookup, "the default (off)", parse_switch));
+    let adaptive = overrides.adaptive_waiting_limit.or_else(|| {
+        read(
+            ADAPTIVE_WAITING_LIMIT,
+            lookup,
+            "the default (off)",
+            parse_switch,
+        )
+    });
     if let Some(on) = adaptive {
         config = config.adaptive_waiting_limit(on);
     }
@@ -459,7 +464,11 @@ mod tests {
         for raw in ["false", "0", "No", " off"] {
             assert_eq!(parse_switch(raw), Ok(false), "{raw:?}");
         }
-        for (raw, why) in [("", "empty"), ("2", "expected true or false"), ("enabled", "expected")] {
+        for (raw, why) in [
+            ("", "empty"),
+            ("2", "expected true or false"),
+            ("enabled", "expected"),
+        ] {
             let error = parse_switch(raw).expect_err(raw);
             assert!(error.contains(why), "{raw:?}: {error}");
         }

@@ -163,8 +163,7 @@ impl<T> State<T> {
                 BucketKey::Unranked => false,
                 BucketKey::Rank(_) => self.bucket(key).counts.engine_waiting >= limit,
             };
-            let worker_full =
-                self.total.engine_waiting >= limit.saturating_mul(self.active_ranks);
+            let worker_full = self.total.engine_waiting >= limit.saturating_mul(self.active_ranks);
             if let Some(adaptive) = self.adaptive.as_mut().filter(|_| rank_full || worker_full) {
                 adaptive.bound();
             }

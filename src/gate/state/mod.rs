@@ -265,7 +265,8 @@ impl<T> State<T> {
         };
         state.timed = state.config.keeps_time();
         if let Some(params) = state.config.adaptive_waiting_limit {
-            let adaptive = adaptive::Adaptive::new(params, state.limits.engine_request_waiting_limit);
+            let adaptive =
+                adaptive::Adaptive::new(params, state.limits.engine_request_waiting_limit);
             state.limits.engine_request_waiting_limit = adaptive.limit();
             state.adaptive = Some(adaptive);
         }
