@@ -26,7 +26,10 @@ use std::time::Duration;
 ///    follows an engine that got slower (a longer decode, fewer slots).
 ///    Between probes, an interval whose mean waiting time is below the
 ///    baseline lowers the baseline to it at once: an engine that got faster
-///    is believed immediately.
+///    is believed immediately. A probe lasts until the requests admitted
+///    before it have stopped waiting and `probe_samples` admitted during it
+///    have waited: with a waiting stage of a step or two, a fraction of a
+///    second; the gate admits less meanwhile.
 /// 2. **Gradient.** Every [`interval`](Self::interval) (at the first
 ///    waiting time measured after it), the mean waiting time of the
 ///    interval, `short`, is compared with the baseline: `gradient =

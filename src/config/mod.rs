@@ -477,6 +477,7 @@ impl AdmissionConfig {
     /// | aging interval (ms) | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
     /// | priority bands | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` (`-1,0,10`) |
     /// | tenant weights | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` (`chat=4,batch=1`) |
+    /// | adaptive waiting limit | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` (`true`, `false`; also `1`/`0`, `yes`/`no`, `on`/`off`) |
     ///
     /// Per setting, independently: a valid canonical value wins and its
     /// alias is not read; otherwise a valid alias value wins; otherwise the
