@@ -17,15 +17,18 @@ mod plot;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tower_admission::sim::adaptive::{AdaptiveEvaluation, Run, Setup, Sizing};
+use tower_admission::sim::adaptive::{AdaptiveEvaluation, Change, Run, Setup, Sizing};
 
 const USAGE: &str = "\
-usage: adaptive [--load X] [--seed N] [--phase SECONDS] [--slowdown F] [--ttft-slo SECONDS] [--out DIR]
+usage: adaptive [--load X] [--seed N] [--phase SECONDS] [--slowdown F | --longer-decode F]
+                [--ttft-slo SECONDS] [--out DIR]
 
   --load X         offered load as a multiple of the engine's capacity (default 2)
   --seed N         workload seed (default 1)
   --phase S        length of each phase: full speed, slowed, full speed (default 60)
   --slowdown F     step-time factor of the middle phase (default 2: half speed)
+  --longer-decode F  instead, requests of the middle phase generate F times
+                   more tokens
   --ttft-slo S     time-to-first-token objective in seconds (default 2)
   --out DIR        where to write adaptive-limit.svg (default target)";
 
@@ -77,7 +80,8 @@ fn parse() -> Result<(AdaptiveEvaluation, PathBuf), String> {
                     .map_err(|_| format!("invalid --seed: {value:?}"))?
             }
             "--phase" => evaluation.phase = Duration::from_secs_f64(number()?),
-            "--slowdown" => evaluation.slowdown = number()?,
+            "--slowdown" => evaluation.change = Change::Slowdown(number()?),
+            "--longer-decode" => evaluation.change = Change::LongerDecode(number()?),
             "--ttft-slo" => evaluation.sweep.slo.ttft = Duration::from_secs_f64(number()?),
             "--out" => out = value.into(),
             _ => return Err(format!("unknown argument {arg:?}")),
@@ -96,10 +100,14 @@ fn print_sizing(evaluation: &AdaptiveEvaluation, sizing: &Sizing) {
         evaluation.sweep.slo.ttft,
         evaluation.sweep.seed
     );
-    for (name, calibration) in [("full speed", &sizing.full), ("slowed", &sizing.slowed)] {
+    let changed = evaluation.change.name();
+    for (name, calibration) in [
+        ("as configured", &sizing.full),
+        (changed.as_str(), &sizing.slowed),
+    ] {
         let estimate = calibration.estimate;
         println!(
-            "{name:>10}: capacity {:.1} req/s; Little's law at 0.9x: L {:.2}, C {:.1}/s, W {:.1} ms \
+            "{name:>14}: capacity {:.1} req/s; Little's law at 0.9x: L {:.2}, C {:.1}/s, W {:.1} ms \
              -> waiting limit {}",
             calibration.capacity,
             estimate.mean_waiting(),
@@ -110,15 +118,15 @@ fn print_sizing(evaluation: &AdaptiveEvaluation, sizing: &Sizing) {
     }
 }
 
-const PHASES: [&str; 3] = ["full speed", "half speed", "full speed again"];
-
 fn print_table(evaluation: &AdaptiveEvaluation, runs: &[Run]) {
+    let changed = evaluation.change.name();
+    let phases = ["before", changed.as_str(), "after"];
     println!(
         "\n| setup | phase | goodput (req/s) | rejected | p99 TTFT | waiting limit (2nd half mean) | settled after |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|");
     for run in runs {
-        for (phase, name) in run.phases.iter().zip(PHASES) {
+        for (phase, name) in run.phases.iter().zip(phases) {
             let rejected = phase.rejected as f64 / phase.arrivals.max(1) as f64;
             println!(
                 "| {} | {name} | {:.1} | {:.0}% | {} | {:.2} | {} |",
@@ -135,7 +143,6 @@ fn print_table(evaluation: &AdaptiveEvaluation, runs: &[Run]) {
             );
         }
     }
-    let _ = evaluation;
 }
 
 fn run_of(runs: &[Run], setup: Setup) -> Option<&Run> {
@@ -161,8 +168,8 @@ fn print_goals(evaluation: &AdaptiveEvaluation, sizing: &Sizing, runs: &[Run]) {
     );
     for (index, goal, name) in [
         (0, 0.95, "steady"),
-        (1, 0.9, "slow phase"),
-        (2, 0.9, "recovered"),
+        (1, 0.9, "changed phase"),
+        (2, 0.9, "after"),
     ] {
         let ratio =
             adaptive.phases[index].goodput / hand.phases[index].goodput.max(f64::MIN_POSITIVE);
@@ -173,19 +180,21 @@ fn print_goals(evaluation: &AdaptiveEvaluation, sizing: &Sizing, runs: &[Run]) {
             verdict(ratio >= goal)
         );
     }
-    for (index, name) in [(1, "follows the slowdown"), (2, "recovers")] {
+    let little = [sizing.slowed.waiting_limit, sizing.full.waiting_limit];
+    for (index, name) in [(1, "follows the change"), (2, "recovers")] {
         let phase = &adaptive.phases[index];
         println!(
-            "- {name}: settled after {} (goal within 30 s): {}; slow engine's Little's law {}",
+            "- {name}: settled after {} at {:.2} (goal within 30 s): {}; Little's law in this phase {}",
             phase
                 .settled_after
                 .map_or_else(|| "never".to_owned(), |d| format!("{} s", d.as_secs())),
+            phase.settled_limit,
             verdict(
                 phase
                     .settled_after
                     .is_some_and(|d| d <= Duration::from_secs(30))
             ),
-            sizing.slowed.waiting_limit
+            little[index - 1]
         );
     }
 }
@@ -243,8 +252,9 @@ fn limit_plot(evaluation: &AdaptiveEvaluation, sizing: &Sizing, runs: &[Run]) ->
     let little_slow = sizing.slowed.waiting_limit as f64;
     plot::render(&plot::Chart {
         title: format!(
-            "engine request waiting limit over time, {}x load, engine at half speed from {phase:.0} s to {:.0} s",
+            "engine request waiting limit over time, {}x load, {} from {phase:.0} s to {:.0} s",
             evaluation.load,
+            evaluation.change.name(),
             phase * 2.0
         ),
         x_label: "simulated time (s)".into(),
@@ -273,7 +283,7 @@ fn limit_plot(evaluation: &AdaptiveEvaluation, sizing: &Sizing, runs: &[Run]) ->
             ],
             "Little's law (0.9x)".into(),
         )),
-        marker: Some((phase, "half speed".into())),
+        marker: Some((phase, evaluation.change.name())),
         series,
         dots: false,
         note: None,

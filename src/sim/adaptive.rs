@@ -1,8 +1,8 @@
 //! The evaluation of the adaptive engine request waiting limit behind
 //! `examples/adaptive.rs` ([`AdaptiveWaitingLimit`](crate::AdaptiveWaitingLimit)):
-//! the simulated engine under steady overload, slowed to half speed for the
-//! middle third of the run and back to full speed for the last, in virtual
-//! time, seeded.
+//! the simulated engine under steady overload, slowed to half speed (or
+//! given longer decodes: [`Change`]) for the middle third of the run and
+//! back for the last, in virtual time, seeded.
 //!
 //! | [`Setup`] | the gate in front of the engine |
 //! |---|---|
@@ -31,6 +31,7 @@ use super::engine::{Request, SimEngine};
 use super::measure::{Percentile, acquire, descriptor_of, lock};
 use super::sweep::{Calibration, SweepConfig};
 use super::time::{self, VirtualRuntime};
+use super::workload::{Lengths, MixPart};
 use crate::{AdmissionConfig, Gate};
 
 /// What the evaluation runs.
@@ -41,10 +42,11 @@ pub struct AdaptiveEvaluation {
     pub sweep: SweepConfig,
     /// Offered load, as a multiple of the full-speed engine's capacity.
     pub load: f64,
-    /// Length of each of the three phases: full speed, slowed, full speed.
+    /// Length of each of the three phases: as configured, changed, as
+    /// configured.
     pub phase: Duration,
-    /// The step-time factor of the middle phase (2.0: half speed).
-    pub slowdown: f64,
+    /// What changes in the middle phase.
+    pub change: Change,
     /// How often the gate's limit is sampled.
     pub trace_every: Duration,
     /// The setups to run.
@@ -62,10 +64,50 @@ impl Default for AdaptiveEvaluation {
             sweep,
             load: 2.0,
             phase: Duration::from_secs(60),
-            slowdown: 2.0,
+            change: Change::Slowdown(2.0),
             trace_every: Duration::from_millis(100),
             setups: Setup::ALL.to_vec(),
         }
+    }
+}
+
+/// What changes for the middle third of a run; neither is reported to the
+/// gate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Change {
+    /// Every engine step takes this many times longer
+    /// ([`SimEngine::set_slowdown`]; 2.0: half speed). The Little's-law
+    /// waiting limit does not change: the admission rate falls as much as
+    /// the waiting time rises.
+    Slowdown(f64),
+    /// Requests that arrive in the middle phase generate this many times
+    /// more tokens (2.0: the engine completes half as many requests per
+    /// second, and prefill takes as long as before): the Little's-law
+    /// waiting limit falls.
+    LongerDecode(f64),
+}
+
+impl Change {
+    /// A short name for tables.
+    pub fn name(&self) -> String {
+        match self {
+            Change::Slowdown(factor) => format!("step time x{factor}"),
+            Change::LongerDecode(factor) => format!("output x{factor}"),
+        }
+    }
+
+    /// `config` as it is during the change, for sizing.
+    fn apply(&self, config: &SweepConfig) -> SweepConfig {
+        let mut changed = config.clone();
+        match *self {
+            Change::Slowdown(factor) => {
+                changed.engine.step_time = slow(changed.engine.step_time, factor);
+            }
+            Change::LongerDecode(factor) => {
+                changed.output_tokens = scaled(changed.output_tokens, factor);
+            }
+        }
+        changed
     }
 }
 
@@ -108,7 +150,7 @@ impl Setup {
 pub struct Sizing {
     /// At full speed.
     pub full: Calibration,
-    /// Slowed by [`AdaptiveEvaluation::slowdown`].
+    /// During the [`AdaptiveEvaluation::change`].
     pub slowed: Calibration,
 }
 
@@ -150,11 +192,9 @@ impl AdaptiveEvaluation {
     /// speed and slowed, by the procedure of `docs/operations.md`
     /// ([`Calibration::measure`]: 0.9× load, limits high, no gate queueing).
     pub fn size(&self) -> Sizing {
-        let mut slowed = self.sweep.clone();
-        slowed.engine.step_time = slow(slowed.engine.step_time, self.slowdown);
         Sizing {
             full: Calibration::measure(&self.sweep),
-            slowed: Calibration::measure(&slowed),
+            slowed: Calibration::measure(&self.change.apply(&self.sweep)),
         }
     }
 
@@ -210,6 +250,11 @@ impl AdaptiveEvaluation {
         {
             let (gate, engine, records) = (gate.clone(), engine.clone(), Arc::clone(&records));
             let arrivals = workload.arrivals(self.sweep.seed);
+            let longer = match self.change {
+                Change::LongerDecode(factor) => factor,
+                Change::Slowdown(_) => 1.0,
+            };
+            let (changed_from, changed_to) = (start + self.phase, start + self.phase * 2);
             time::spawn(async move {
                 for arrival in arrivals {
                     let at = start + arrival.at;
@@ -226,9 +271,14 @@ impl AdaptiveEvaluation {
                         });
                         records.len() - 1
                     };
+                    let output_tokens = if at >= changed_from && at < changed_to {
+                        (arrival.output_tokens as f64 * longer).round() as usize
+                    } else {
+                        arrival.output_tokens
+                    };
                     let request = Request {
                         prompt_tokens: arrival.prompt_tokens,
-                        output_tokens: arrival.output_tokens,
+                        output_tokens,
                         rank: Some(0),
                     };
                     let (gate, engine, records) =
@@ -254,11 +304,15 @@ impl AdaptiveEvaluation {
         }
         let mut trace = Vec::new();
         let mut at = start;
+        let slowdown = match self.change {
+            Change::Slowdown(factor) => factor,
+            Change::LongerDecode(_) => 1.0,
+        };
         let mut slowed = false;
         let mut restored = false;
         while at < end + objective {
             if !slowed && at >= start + self.phase {
-                engine.set_slowdown(self.slowdown);
+                engine.set_slowdown(slowdown);
                 slowed = true;
             }
             if !restored && at >= start + self.phase * 2 {
@@ -370,6 +424,41 @@ fn slow(step: StepTime, factor: f64) -> StepTime {
         base: step.base.mul_f64(factor),
         per_prefill_token: step.per_prefill_token.mul_f64(factor),
         per_decode_token: step.per_decode_token.mul_f64(factor),
+    }
+}
+
+/// `lengths` `factor` times longer: the same shape, every mean and bound
+/// scaled.
+fn scaled(lengths: Lengths, factor: f64) -> Lengths {
+    let times = |n: usize| ((n as f64) * factor).round().max(1.0) as usize;
+    let part = |part: MixPart| MixPart {
+        mean: part.mean * factor,
+        min: times(part.min),
+        max: times(part.max),
+        ..part
+    };
+    match lengths {
+        Lengths::Fixed(n) => Lengths::Fixed(times(n)),
+        Lengths::LogNormal {
+            mean,
+            sigma,
+            min,
+            max,
+        } => Lengths::LogNormal {
+            mean: mean * factor,
+            sigma,
+            min: times(min),
+            max: times(max),
+        },
+        Lengths::Mix {
+            short,
+            long,
+            long_fraction,
+        } => Lengths::Mix {
+            short: part(short),
+            long: part(long),
+            long_fraction,
+        },
     }
 }
 
