@@ -24,6 +24,7 @@ const TTFT_MS: &str = "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS";
 const AGING_MS: &str = "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS";
 const BANDS: &str = "DYN_BACKEND_ADMISSION_PRIORITY_BANDS";
 const WEIGHTS: &str = "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS";
+const ADAPTIVE: &str = "DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT";
 
 const TOO_LARGE: &str = "340282366920938463463374607431768211456"; // 2^128
 
@@ -303,7 +304,8 @@ fn a_valid_canonical_value_means_the_alias_is_never_read() {
             TTFT_MS,
             AGING_MS,
             BANDS,
-            WEIGHTS
+            WEIGHTS,
+            ADAPTIVE
         ]
     );
 }
@@ -594,7 +596,8 @@ mod cli {
                 TTFT_MS,
                 AGING_MS,
                 BANDS,
-                WEIGHTS
+                WEIGHTS,
+                ADAPTIVE
             ]
         );
     }

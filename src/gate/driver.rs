@@ -111,7 +111,7 @@ impl Gate {
         // the first request's path.
         let built = Stamp::now();
         let observer = DefaultObserver::new(&config);
-        let timed = config.deadlines_enabled();
+        let timed = config.keeps_time();
         let clock = config.clock.clone();
         let gate = Gate {
             inner: Arc::new(Inner {

@@ -60,6 +60,7 @@ use super::types::{AdmitSource, Counts, Overloaded, RejectionReason, Tenant};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
 mod accounting;
+mod adaptive;
 mod buckets;
 mod budget;
 mod queue;
@@ -230,6 +231,9 @@ pub(crate) struct State<T> {
     ladder: Ladder,
     /// Tenant weights other than 1.
     weights: HashMap<Tenant, u32>,
+    /// The adaptive waiting limit, when it is on: it sets
+    /// `limits.engine_request_waiting_limit`.
+    adaptive: Option<adaptive::Adaptive>,
 }
 
 impl<T> State<T> {
@@ -257,8 +261,15 @@ impl<T> State<T> {
             mean_wait: None,
             ladder,
             weights,
+            adaptive: None,
         };
-        state.timed = state.config.deadlines_enabled();
+        state.timed = state.config.keeps_time();
+        if let Some(params) = state.config.adaptive_waiting_limit {
+            let adaptive =
+                adaptive::Adaptive::new(params, state.limits.engine_request_waiting_limit);
+            state.limits.engine_request_waiting_limit = adaptive.limit();
+            state.adaptive = Some(adaptive);
+        }
         if let Some(capacity) = capacity {
             state.report_capacity(capacity);
         }
@@ -515,6 +526,12 @@ impl<T> State<T> {
         };
         self.capacity = Some(capacity);
         self.limits = self.config.limits_for(Some(capacity));
+        if let Some(adaptive) = &mut self.adaptive {
+            // The reported limit is the ceiling; the controller sets the
+            // limit in force.
+            adaptive.set_limit(self.limits.engine_request_waiting_limit);
+            self.limits.engine_request_waiting_limit = adaptive.limit();
+        }
         if ranks > self.ranks.len() {
             self.ranks.resize_with(ranks, Bucket::default);
         }
@@ -672,6 +689,8 @@ impl<T> State<T> {
     }
 }
 
+#[cfg(test)]
+mod adaptive_tests;
 #[cfg(test)]
 mod observe_tests;
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::State;
 use super::buckets::{Bucket, BucketKey};
-use crate::config::{EngineCapacity, Limits, LimitsInForce};
+use crate::config::{EngineCapacity, LimitSource, Limits, LimitsInForce};
 use crate::gate::observe::{BandView, BucketView, spare};
 use crate::gate::types::{Counts, Tally};
 
@@ -69,11 +69,16 @@ impl<T> State<T> {
 
     /// The limits in force, per rank and combined, with their sources.
     pub(crate) fn limits_in_force(&self) -> LimitsInForce {
+        let mut sources = self.config.sources;
+        if let Some(adaptive) = &self.adaptive {
+            let (floor, ceiling) = adaptive.bounds();
+            sources.engine_request_waiting_limit = LimitSource::Adaptive { floor, ceiling };
+        }
         LimitsInForce {
             per_rank: self.limits,
             ranks: self.recognised_ranks().max(1),
             capacity: self.capacity,
-            sources: self.config.sources,
+            sources,
         }
     }
 
