@@ -111,6 +111,13 @@ struct Args {
     #[arg(long)]
     no_admission: bool,
 
+    /// Do not report the engine's capacity to the gate, as vLLM tells a
+    /// sidecar nothing about its max_num_seqs: limits not set by a flag or
+    /// variable stay at their defaults (10000 per rank, queue 20000); with
+    /// --adaptive-waiting-limit the gate finds the waiting limit itself
+    #[arg(long)]
+    no_capacity_report: bool,
+
     /// Prefix of the gate's metric names (dynamo_backend_admission gives the
     /// source system's names)
     #[arg(long, value_name = "PREFIX", default_value = tower_admission::metrics::DEFAULT_PREFIX)]
@@ -205,9 +212,7 @@ async fn main() -> ExitCode {
     let metrics = match PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".into()),
-            &[
-                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-            ],
+            &tower_admission::metrics::SECONDS_BUCKETS,
         )
         .and_then(PrometheusBuilder::install_recorder)
     {
@@ -250,7 +255,9 @@ async fn main() -> ExitCode {
             .metrics_prefix(&args.metrics_prefix);
         let qos = describe_qos(&config);
         let gate = Gate::new(config);
-        engine.report_to(&gate);
+        if !args.no_capacity_report {
+            engine.report_to(&gate);
+        }
         app.gate = Some(gate.clone());
         let limits = gate.limits();
         let in_force = gate.limits_in_force();
@@ -267,7 +274,11 @@ async fn main() -> ExitCode {
             )
             // Outside admission, so each request's prompt and output tokens
             // are known when the gate weighs it against the token limits.
-            .route_layer(OpenAiCostLayer::new().max_model_len(args.engine.max_model_len.get()));
+            .route_layer(
+                OpenAiCostLayer::new()
+                    .max_model_len(args.engine.max_model_len.get())
+                    .overload_status(args.overload_status),
+            );
         let tokens =
             |limit: Option<usize>| limit.map_or_else(|| "off".to_owned(), |n| n.to_string());
         format!(

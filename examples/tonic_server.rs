@@ -109,6 +109,8 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once at start-up: the size of the admission flags does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Serve llm.Generator/Generate
     Serve(ServeArgs),
@@ -418,10 +420,7 @@ mod exporter {
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Suffix("_seconds".into()),
-                    &[
-                        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                        60.0,
-                    ],
+                    &tower_admission::metrics::SECONDS_BUCKETS,
                 )
                 .and_then(PrometheusBuilder::install_recorder)
                 .map_err(|error| format!("cannot install the Prometheus recorder: {error}"))?;

@@ -116,11 +116,23 @@
 //! (`INFO`), and sets every series at once, as
 //! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) does, counters
 //! included (they are set from the gate's tallies, so nothing counted
-//! before is lost). A gate built after the recorder pays one relaxed load
-//! per event for this. (The facade cannot say whether a recorder is
-//! installed; the gate takes a zero-sized recorder — the facade's no-op
-//! one — for none. A zero-sized recorder of your own still receives the
-//! series registered when the gate was built.)
+//! before is lost). Until then it skips each event's observation: it
+//! reads no clock for it and sets nothing (there is nothing to set), so a
+//! request admitted before the recorder appeared records no
+//! `engine_request_waiting_seconds` sample (queued requests are stamped
+//! all the same, for their queue waits and ages). A gate built after the
+//! recorder pays one relaxed load per event for this. (The facade cannot
+//! say whether a recorder is installed; the gate takes a zero-sized
+//! recorder — the facade's no-op one — for none. A zero-sized recorder of
+//! your own still receives the series registered when the gate was built,
+//! set whenever the gate sets the whole picture — when it is built, at
+//! capacity reports and at [`Gate::refresh_metrics`](crate::Gate::refresh_metrics)
+//! — but not at each event.)
+//!
+//! Each event sets only the series whose values it changed (the values
+//! last written are kept beside the handles, under the same lock that
+//! orders racing observations); the whole picture sets every series
+//! again.
 //!
 //! A recorder that panics loses its own observation and nothing else: the
 //! gate's capacity, its waiters and the process are unaffected.
@@ -165,11 +177,23 @@ use metrics::{Counter, Gauge, Histogram, Unit};
 
 use crate::config::{AdmissionConfig, Limits};
 use crate::gate::observe::{BucketView, Configured, Observation, Observer, contain};
+use crate::gate::types::BandTally;
+use crate::gate::{Counts, Tally};
 
 /// The metric name prefix unless
 /// [`AdmissionConfig::metrics_prefix`](crate::AdmissionConfig::metrics_prefix)
 /// sets another.
 pub const DEFAULT_PREFIX: &str = "admission";
+
+/// Histogram buckets, in seconds, for the gate's `_seconds` series (queue
+/// time, engine waiting time): from 1 ms to a minute, as the sidecar and
+/// the examples give them to the Prometheus exporter
+/// (`PrometheusBuilder::set_buckets_for_metric(Matcher::Suffix("_seconds"), &SECONDS_BUCKETS)`).
+/// Without buckets that exporter renders summaries, which cannot be
+/// aggregated across workers.
+pub const SECONDS_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 /// The `dp_rank` label of unranked requests.
 const UNSPECIFIED: &str = "unspecified";
@@ -455,7 +479,28 @@ struct Applied {
     /// The latest event whose worker saturation was set (the unranked
     /// bucket's series shows the worker's).
     saturation: u64,
+    /// The values last written to the handles (`None`: never written), so
+    /// that an event writes only the series whose values it changed: an
+    /// arrival changes three or four of some twenty.
+    written: Written,
 }
+
+/// The values a bucket's handles were last set to.
+#[derive(Default)]
+struct Written {
+    counts: Option<Counts>,
+    oldest_wait: Option<f64>,
+    saturation: Option<f64>,
+    /// The counters, in the order [`BucketMetrics::counters`] gives them.
+    counters: Option<[u64; COUNTERS]>,
+    /// Queued requests and tally of each band, lowest first; grown to the
+    /// configured bands at the first write.
+    bands: Vec<(Option<usize>, Option<BandTally>)>,
+}
+
+/// How many counters a bucket has (each scope and reason of rejection
+/// one, with reasons off some are always 0).
+const COUNTERS: usize = 11;
 
 impl BucketMetrics {
     /// Registers the series of one `dp_rank` value with the current
@@ -576,61 +621,121 @@ impl BucketMetrics {
         }
     }
 
+    /// Each counter with its value from `tally`, in a fixed order.
+    fn counters(&self, tally: &Tally) -> [(&Counter, u64); COUNTERS] {
+        let (rejected_rank, rejected_worker) = if self.reasons {
+            (
+                tally.rejected_rank - tally.expired_rank - tally.displaced_rank,
+                tally.rejected_worker
+                    - tally.expired_worker
+                    - tally.displaced_worker
+                    - tally.shed_worker,
+            )
+        } else {
+            (tally.rejected_rank, tally.rejected_worker)
+        };
+        [
+            (&self.received, tally.received),
+            (&self.admitted_direct, tally.admitted_direct),
+            (&self.admitted_queue, tally.admitted_queue),
+            (&self.rejected_rank, rejected_rank),
+            (&self.rejected_worker, rejected_worker),
+            (&self.expired_rank, tally.expired_rank),
+            (&self.expired_worker, tally.expired_worker),
+            (&self.displaced_rank, tally.displaced_rank),
+            (&self.displaced_worker, tally.displaced_worker),
+            (&self.shed_worker, tally.shed_worker),
+            (&self.cancelled, tally.cancelled),
+        ]
+    }
+
     /// Sets the gauges from the bucket's counts after event `seq` (and the
     /// limit gauges, when given), unless a later event was applied already,
     /// and the counters from its tally when `tally` says it changed.
     /// Counters are set, not incremented: they are the gate's own tallies
     /// and cannot drift from its snapshot.
+    ///
+    /// An event writes only the series whose values differ from the ones
+    /// last written (under the same lock, so this is exact); with `limits`
+    /// (the whole picture: the gate was built, the engine reported, or
+    /// metrics were refreshed) every series is written again.
     fn apply(&self, seq: u64, view: &BucketView, tally: bool, limits: Option<(Limits, usize)>) {
+        let every = limits.is_some();
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        let applied = &mut *applied;
+        let written = &mut applied.written;
+        if written.bands.len() < self.bands.len() {
+            written.bands.resize(self.bands.len(), (None, None));
+        }
         if seq > applied.counts {
             applied.counts = seq;
             let counts = view.counts;
-            self.engine_requests.set(counts.engine_requests as f64);
-            self.engine_waiting.set(counts.engine_waiting as f64);
-            self.queued.set(counts.queued as f64);
-            self.oldest_wait
-                .set(view.oldest_wait.map_or(0.0, |waited| waited.as_secs_f64()));
-            self.saturation.set(view.saturation);
-            if view.rank.is_none() {
-                applied.saturation = seq;
+            let last = written.counts.filter(|_| !every);
+            let changed = |old: fn(&Counts) -> usize| last.as_ref().map(old) != Some(old(&counts));
+            if changed(|counts| counts.engine_requests) {
+                self.engine_requests.set(counts.engine_requests as f64);
+            }
+            if changed(|counts| counts.engine_waiting) {
+                self.engine_waiting.set(counts.engine_waiting as f64);
+            }
+            if changed(|counts| counts.queued) {
+                self.queued.set(counts.queued as f64);
             }
             if let Some(tokens) = &self.tokens {
-                tokens.set_counts(&counts);
+                if last != Some(counts) {
+                    tokens.set_counts(&counts);
+                }
             }
-            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
-                metrics.queued.set(band.queued as f64);
+            written.counts = Some(counts);
+            let oldest = view.oldest_wait.map_or(0.0, |waited| waited.as_secs_f64());
+            if every || written.oldest_wait != Some(oldest) {
+                self.oldest_wait.set(oldest);
+                written.oldest_wait = Some(oldest);
+            }
+            if every || written.saturation != Some(view.saturation) {
+                self.saturation.set(view.saturation);
+                written.saturation = Some(view.saturation);
+            }
+            if view.rank.is_none() {
+                applied.saturation = seq;
             }
         }
         // Counters only grow, and are set from tallies that only grow: a
         // late write of an older tally changes nothing.
         if tally {
-            let tally = view.tally;
-            self.received.absolute(tally.received);
-            self.admitted_direct.absolute(tally.admitted_direct);
-            self.admitted_queue.absolute(tally.admitted_queue);
-            if self.reasons {
-                self.rejected_rank
-                    .absolute(tally.rejected_rank - tally.expired_rank - tally.displaced_rank);
-                self.rejected_worker.absolute(
-                    tally.rejected_worker
-                        - tally.expired_worker
-                        - tally.displaced_worker
-                        - tally.shed_worker,
-                );
-                self.expired_rank.absolute(tally.expired_rank);
-                self.expired_worker.absolute(tally.expired_worker);
-                self.displaced_rank.absolute(tally.displaced_rank);
-                self.displaced_worker.absolute(tally.displaced_worker);
-                self.shed_worker.absolute(tally.shed_worker);
-            } else {
-                self.rejected_rank.absolute(tally.rejected_rank);
-                self.rejected_worker.absolute(tally.rejected_worker);
+            let last = written.counters.filter(|_| !every);
+            let mut values = [0; COUNTERS];
+            for (at, (counter, value)) in self.counters(&view.tally).into_iter().enumerate() {
+                if last.is_none_or(|last| last[at] < value) {
+                    counter.absolute(value);
+                }
+                values[at] = last.map_or(value, |last| last[at].max(value));
             }
-            self.cancelled.absolute(tally.cancelled);
-            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
-                metrics.admitted.absolute(band.tally.admitted);
-                metrics.rejected.absolute(band.tally.rejected);
+            written.counters = Some(values);
+        }
+        let bands = self.bands.iter().zip(view.bands.iter().flatten());
+        for ((metrics, band), (queued, band_tally)) in bands.zip(&mut written.bands) {
+            // The band's queue length is a count, its tally a tally: each
+            // moves under its own rule, as above (`applied.counts == seq`:
+            // this event's counts are the latest).
+            if applied.counts == seq && (every || *queued != Some(band.queued)) {
+                metrics.queued.set(band.queued as f64);
+                *queued = Some(band.queued);
+            }
+            if tally {
+                let old = band_tally.filter(|_| !every);
+                let new = band.tally;
+                if old.is_none_or(|old| old.admitted < new.admitted) {
+                    metrics.admitted.absolute(new.admitted);
+                }
+                if old.is_none_or(|old| old.rejected < new.rejected) {
+                    metrics.rejected.absolute(new.rejected);
+                }
+                let old = old.unwrap_or_default();
+                *band_tally = Some(BandTally {
+                    admitted: old.admitted.max(new.admitted),
+                    rejected: old.rejected.max(new.rejected),
+                });
             }
         }
         if let Some((limits, ranks)) = limits {
@@ -647,7 +752,10 @@ impl BucketMetrics {
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
         if seq > applied.saturation {
             applied.saturation = seq;
-            self.saturation.set(saturation);
+            if applied.written.saturation != Some(saturation) {
+                self.saturation.set(saturation);
+                applied.written.saturation = Some(saturation);
+            }
         }
     }
 
@@ -743,6 +851,17 @@ impl Observer for Recorder {
             names,
             shape,
         }
+    }
+
+    /// Whether there is anything to record with: a recorder was installed
+    /// when the gate was built or has been since. A gate waiting for its
+    /// recorder skips each event's observation (it has nothing to set), and
+    /// at its first event after one appears registers its series and sets
+    /// them all from the gate's own counts and tallies (see
+    /// [`observe`](Observer::observe)), so nothing skipped is lost.
+    #[inline]
+    fn active(&self) -> bool {
+        !self.looking.load(Ordering::Relaxed) || recorder_installed()
     }
 
     /// The gate was built, the engine reported its capacity, or metrics

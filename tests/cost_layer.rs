@@ -186,3 +186,75 @@ async fn reads_beyond_the_bound_are_overloaded_at_once_and_a_stalled_body_times_
     let (status, _, cost) = post_json(addr, "/v1/chat/completions", &ok).await;
     assert_eq!((status, cost), (200, json!([1, null])));
 }
+
+#[tokio::test]
+async fn the_body_reads_answer_has_the_status_the_layer_was_given() {
+    let layer = OpenAiCostLayer::new()
+        .max_concurrent_reads(1)
+        .overload_status(http::StatusCode::SERVICE_UNAVAILABLE);
+    let (addr, calls) = serve(layer).await;
+    let _stalled = stall(addr, "/v1/completions").await;
+    let ok = json!({"prompt": "word"});
+    let mut answered = None;
+    for _ in 0..100 {
+        let (status, headers, body) = post_json(addr, "/v1/chat/completions", &ok).await;
+        if status != 200 {
+            answered = Some((status, headers, body));
+            break;
+        }
+        // The stalled request's head may not have been read yet.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (status, headers, body) = answered.expect("never overloaded");
+    assert_eq!(status, 503);
+    assert_eq!(headers["x-admission-rejection-reason"], "body_reads");
+    assert_eq!(body["error"]["code"], 503);
+    assert_eq!(body["error"]["type"], "overloaded");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn members_the_estimate_skips_cost_nothing_however_large_or_deep() {
+    let (addr, _) = serve(OpenAiCostLayer::new()).await;
+    // 50,000 tool definitions (2.6 MB) beside a 2-token prompt: skipped,
+    // not built.
+    let tools: Vec<Value> = (0..50_000)
+        .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+        .collect();
+    let big = json!({"prompt": "12345678", "tools": tools, "max_tokens": 3});
+    assert_eq!(
+        post_json(addr, "/v1/completions", &big).await.2,
+        json!([2, 3])
+    );
+    // Nesting 100,000 deep: in a skipped member it is skipped too; in the
+    // prompt it passes the parser's recursion limit, so the body has no
+    // estimate (no cost, for the handler to judge). Never a stack overflow.
+    for (body, cost) in [
+        (
+            format!(
+                "{{\"prompt\": \"abcd\", \"x\": {}{}}}",
+                "[".repeat(100_000),
+                "]".repeat(100_000)
+            ),
+            json!([1, null]),
+        ),
+        (
+            format!(
+                "{{\"prompt\": {}\"abcd\"{}}}",
+                "[".repeat(100_000),
+                "]".repeat(100_000)
+            ),
+            Value::Null,
+        ),
+    ] {
+        let response = reqwest::Client::new()
+            .post(format!("http://{addr}/v1/completions"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.json::<Value>().await.unwrap(), cost);
+    }
+}

@@ -175,9 +175,7 @@ async fn main() -> ExitCode {
     let metrics = match PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".into()),
-            &[
-                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-            ],
+            &tower_admission::metrics::SECONDS_BUCKETS,
         )
         .and_then(PrometheusBuilder::install_recorder)
     {

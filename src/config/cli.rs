@@ -22,6 +22,7 @@ use super::env::{self, Overrides};
 /// | `--queue-delay-target-ms <MS>` | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
 /// | `--priority-bands <BANDS>` | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` |
 /// | `--tenant-weight <NAME=WEIGHT>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` |
+/// | `--adaptive-waiting-limit[=<BOOL>]` | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` |
 ///
 /// The token limits are off unless set: requests are then counted, not
 /// weighed. So are the queue wait limit and the time-to-first-token
@@ -143,6 +144,21 @@ pub struct AdmissionArgs {
     /// DYN_BACKEND_ADMISSION_TENANT_WEIGHTS, comma-separated]
     #[arg(long, value_name = "NAME=WEIGHT", value_parser = tenant_weight)]
     pub tenant_weight: Vec<(String, u32)>,
+
+    /// Move the engine request waiting limit per rank between 1 and its
+    /// configured or reported value by the engine waiting time the gate
+    /// measures (a latency gradient; see AdaptiveWaitingLimit); with no
+    /// value, true [default: off; env:
+    /// DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = switch
+    )]
+    pub adaptive_waiting_limit: Option<bool>,
 }
 
 impl AdmissionArgs {
@@ -172,6 +188,7 @@ impl AdmissionArgs {
             ],
             priority_bands: self.priority_bands.clone(),
             tenant_weights: (!self.tenant_weight.is_empty()).then(|| self.tenant_weight.clone()),
+            adaptive_waiting_limit: self.adaptive_waiting_limit,
         };
         env::resolve(overrides, &lookup)
     }
@@ -193,6 +210,10 @@ fn priority_bands(raw: &str) -> Result<Vec<i32>, String> {
 
 fn tenant_weight(raw: &str) -> Result<(String, u32), String> {
     env::parse_tenant_weight(raw)
+}
+
+fn switch(raw: &str) -> Result<bool, String> {
+    env::parse_switch(raw)
 }
 
 #[cfg(test)]

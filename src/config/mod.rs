@@ -6,6 +6,7 @@
 //! setting left unset follows the engine's reported capacity and changes when
 //! the engine reports again.
 
+mod adaptive;
 #[cfg(feature = "clap")]
 mod cli;
 mod env;
@@ -16,6 +17,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use self::adaptive::AdaptiveWaitingLimit;
 #[cfg(feature = "clap")]
 pub use self::cli::AdmissionArgs;
 
@@ -104,6 +106,8 @@ pub struct AdmissionConfig {
     pub(crate) tenant_weights: BTreeMap<String, u32>,
     pub(crate) clock: Clock,
     pub(crate) capacity: Option<EngineCapacity>,
+    /// The adaptive engine request waiting limit, when it is on.
+    pub(crate) adaptive_waiting_limit: Option<AdaptiveWaitingLimit>,
     /// Where each request and token limit was set.
     pub(crate) sources: LimitSources,
     #[cfg(feature = "metrics")]
@@ -143,6 +147,7 @@ impl fmt::Debug for AdmissionConfig {
             .field("priority_bands", &self.priority_bands)
             .field("tenant_weights", &self.tenant_weights)
             .field("capacity", &self.capacity)
+            .field("adaptive_waiting_limit", &self.adaptive_waiting_limit)
             .field("sources", &self.sources);
         #[cfg(feature = "metrics")]
         d.field("metrics_prefix", &self.metrics_prefix);
@@ -432,6 +437,47 @@ impl AdmissionConfig {
         self.retry_after_from_drain_rate
     }
 
+    /// Whether the gate reads its clock: deadlines are on, or the waiting
+    /// limit adapts (it measures engine waiting times).
+    pub(crate) fn keeps_time(&self) -> bool {
+        self.deadlines_enabled() || self.adaptive_waiting_limit.is_some()
+    }
+
+    /// Turns the adaptive engine request waiting limit on (with the
+    /// defaults of [`AdaptiveWaitingLimit`]) or off: the gate then moves
+    /// the per-rank waiting limit between 1 and the configured or reported
+    /// waiting limit by the engine waiting times it measures, instead of
+    /// keeping it fixed. Off unless set (`--adaptive-waiting-limit`,
+    /// `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT`). The gate keeps time
+    /// while it is on, on its [`clock`](Self::clock).
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+    ///
+    /// let gate = Gate::new(
+    ///     AdmissionConfig::new()
+    ///         .adaptive_waiting_limit(true)
+    ///         .capacity(EngineCapacity::new(256, 1)),
+    /// );
+    /// // It starts at its floor and grows as the engine shows it can take more.
+    /// assert_eq!(gate.limits().engine_request_waiting_limit, 1);
+    /// ```
+    pub fn adaptive_waiting_limit(mut self, on: bool) -> Self {
+        self.adaptive_waiting_limit = on.then(AdaptiveWaitingLimit::default);
+        self
+    }
+
+    /// Turns the adaptive engine request waiting limit on with `params`.
+    pub fn adaptive_waiting_limit_with(mut self, params: AdaptiveWaitingLimit) -> Self {
+        self.adaptive_waiting_limit = Some(params);
+        self
+    }
+
+    /// The adaptive waiting limit's parameters, if it is on.
+    pub fn explicit_adaptive_waiting_limit(&self) -> Option<AdaptiveWaitingLimit> {
+        self.adaptive_waiting_limit
+    }
+
     /// Sets the aging interval (SPEC §8): a queued request rises one
     /// priority band for each interval it has waited, so a steady stream of
     /// higher-priority work never starves it. Aging lifts a band as a whole,
@@ -576,6 +622,7 @@ impl AdmissionConfig {
     /// | queue delay target (ms) | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
     /// | priority bands | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` (`-1,0,10`) |
     /// | tenant weights | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` (`chat=4,batch=1`) |
+    /// | adaptive waiting limit | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` (`true`, `false`; also `1`/`0`, `yes`/`no`, `on`/`off`) |
     ///
     /// Per setting, independently: a valid canonical value wins and its
     /// alias is not read; otherwise a valid alias value wins; otherwise the
@@ -735,6 +782,15 @@ pub enum LimitSource {
     /// The builder ([`AdmissionConfig::engine_request_limit`] and its
     /// siblings).
     Code,
+    /// The adaptive waiting limit
+    /// ([`AdmissionConfig::adaptive_waiting_limit`]) sets it, between a
+    /// floor and a ceiling.
+    Adaptive {
+        /// The smallest limit.
+        floor: usize,
+        /// The largest limit.
+        ceiling: usize,
+    },
     /// Not set. A request limit then follows the engine: its reported
     /// `max_num_seqs` (twice that for the queue), or
     /// [`DEFAULT_ENGINE_LIMIT`] and [`DEFAULT_QUEUE_LIMIT`] until it
@@ -749,6 +805,9 @@ impl fmt::Display for LimitSource {
             LimitSource::Flag(flag) => write!(f, "flag {flag}"),
             LimitSource::Variable(variable) => write!(f, "variable {variable}"),
             LimitSource::Code => f.write_str("set in code"),
+            LimitSource::Adaptive { floor, ceiling } => {
+                write!(f, "adaptive: between {floor} and {ceiling}")
+            }
             LimitSource::Default => f.write_str("default"),
         }
     }

@@ -42,6 +42,7 @@ use serde_json::Value;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::estimate::{CountTokens, estimate};
 use crate::gate::Cost;
 use crate::headers::single_value;
 
@@ -172,7 +173,7 @@ where
 }
 
 /// Counts the tokens of a prompt text.
-type Tokenizer = Arc<dyn Fn(&str) -> usize + Send + Sync>;
+type Tokenizer = Arc<CountTokens>;
 
 /// The default body bound of [`OpenAiCostLayer`]: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -210,7 +211,9 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 ///   (64 unless set) are read at once, counted across every clone of the
 ///   layer (clones share the count). A request beyond that is answered at
 ///   once, never left waiting unseen, with the gate's worker-scoped
-///   overload answer: `529`, `x-admission-rejection-scope: worker`,
+///   overload answer: `529` (or the
+///   [`overload_status`](Self::overload_status) you set, as on the
+///   admission layer), `x-admission-rejection-scope: worker`,
 ///   `x-admission-rejection-reason: body_reads`, `retry-after: 1` and an
 ///   OpenAI-style JSON body (`"type": "overloaded"`, `"code": 529`,
 ///   `"reason": "body_reads"`).
@@ -224,6 +227,10 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 ///   axum and hyper servers do).
 /// * A body that is not JSON, or not an object, passes through with no
 ///   cost, for the handler to reject as it would have anyway.
+/// * The estimate scans the JSON once and keeps only the prompt's strings
+///   (borrowed from the body) and the output-token fields: every other
+///   member (tools, images, schemas) is skipped without being built, so an
+///   estimate costs one slice per prompt string, not a parsed document.
 /// * A body that fails while being read is answered `400`.
 /// * With a [`max_model_len`](Self::max_model_len), a prompt whose estimate
 ///   alone exceeds it is answered `400` (`invalid_request_error`, code
@@ -235,6 +242,7 @@ pub struct OpenAiCostLayer {
     max_model_len: Option<usize>,
     max_concurrent_reads: usize,
     read_timeout: Duration,
+    overload_status: StatusCode,
     /// Bodies being read now, by this layer and all its clones.
     reading: Arc<AtomicUsize>,
 }
@@ -247,6 +255,7 @@ impl std::fmt::Debug for OpenAiCostLayer {
             .field("max_model_len", &self.max_model_len)
             .field("max_concurrent_reads", &self.max_concurrent_reads)
             .field("read_timeout", &self.read_timeout)
+            .field("overload_status", &self.overload_status)
             .finish()
     }
 }
@@ -259,6 +268,8 @@ impl Default for OpenAiCostLayer {
             max_model_len: None,
             max_concurrent_reads: DEFAULT_MAX_CONCURRENT_READS,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            overload_status: StatusCode::from_u16(super::reject::SITE_OVERLOADED)
+                .expect("529 is a valid status code"),
             reading: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -301,7 +312,16 @@ impl OpenAiCostLayer {
     /// How many bodies this layer and its clones read at once; a request
     /// beyond that is answered `529` (reason `body_reads`) at once.
     /// Default [`DEFAULT_MAX_CONCURRENT_READS`].
+    ///
+    /// # Panics
+    ///
+    /// On `0`, which would answer every request overloaded.
     pub fn max_concurrent_reads(mut self, reads: usize) -> Self {
+        assert!(
+            reads > 0,
+            "OpenAiCostLayer::max_concurrent_reads: 0 would answer every request overloaded; \
+             give at least 1"
+        );
         self.max_concurrent_reads = reads;
         self
     }
@@ -310,6 +330,16 @@ impl OpenAiCostLayer {
     /// Default [`DEFAULT_READ_TIMEOUT`].
     pub fn read_timeout(mut self, timeout: Duration) -> Self {
         self.read_timeout = timeout;
+        self
+    }
+
+    /// The status of the overload answer to a request beyond the
+    /// concurrent body reads: give it the admission layer's
+    /// [`overload_status`](crate::AdmissionLayer::overload_status) so that
+    /// clients see one overload status. Default `529`; the JSON body's
+    /// `code` follows it.
+    pub fn overload_status(mut self, status: StatusCode) -> Self {
+        self.overload_status = status;
         self
     }
 }
@@ -388,7 +418,7 @@ where
                 ));
             }
             let Some(slot) = ReadSlot::take(&layer.reading, layer.max_concurrent_reads) else {
-                return Ok(overloaded_response());
+                return Ok(overloaded_response(layer.overload_status));
             };
             let read =
                 tokio::time::timeout(layer.read_timeout, read_bounded(body, layer.max_body_bytes))
@@ -497,95 +527,6 @@ where
     })
 }
 
-/// The cost an OpenAI request body declares, or `None` when it is not a
-/// JSON object.
-///
-/// The body is parsed into a [`Value`] still, because a typed (streaming)
-/// parse would reject a body whose ignored fields have unexpected types,
-/// where this one estimates what it can; the prompt itself is not copied:
-/// its strings are borrowed from the parsed document and only joined when a
-/// tokenizer asks for one text.
-fn estimate(
-    body: &[u8],
-    tokenizer: Option<&(dyn Fn(&str) -> usize + Send + Sync)>,
-) -> Option<Cost> {
-    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
-        return None;
-    };
-    let mut prompt = Prompt::default();
-    if let Some(messages) = request.get("messages").and_then(Value::as_array) {
-        for message in messages {
-            prompt.collect(message.get("content"));
-        }
-    }
-    for field in ["prompt", "input", "instructions"] {
-        prompt.collect(request.get(field));
-    }
-    let text_tokens = match tokenizer {
-        Some(count) => count(&prompt.joined()),
-        None => prompt.joined_len().div_ceil(4),
-    };
-    let prompt_tokens = text_tokens.saturating_add(prompt.token_ids);
-    let max_output_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|field| request.get(*field)?.as_u64())
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    Some(Cost::new(prompt_tokens, max_output_tokens))
-}
-
-/// A prompt's texts, borrowed from the parsed body, and its token IDs.
-#[derive(Default)]
-struct Prompt<'a> {
-    texts: Vec<&'a str>,
-    token_ids: usize,
-}
-
-impl<'a> Prompt<'a> {
-    /// Takes the text of a prompt field: a string, an array of strings or
-    /// token IDs (numbers, one token each, nested lists summed), or an
-    /// array of content parts (`{"type":"text","text":…}`) or input items
-    /// (`{"role":…,"content":…}`).
-    fn collect(&mut self, value: Option<&'a Value>) {
-        match value {
-            Some(Value::String(text)) => self.texts.push(text),
-            Some(Value::Array(items)) => {
-                for item in items {
-                    match item {
-                        Value::Object(part) => {
-                            self.collect(part.get("text"));
-                            self.collect(part.get("content"));
-                        }
-                        Value::Number(_) => self.token_ids = self.token_ids.saturating_add(1),
-                        other => self.collect(Some(other)),
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// The texts joined by newlines, a newline before each text that
-    /// follows non-empty ones.
-    fn joined(&self) -> String {
-        let mut out = String::with_capacity(self.joined_len());
-        for text in &self.texts {
-            if !out.is_empty() {
-                out.push('\n');
-            }
-            out.push_str(text);
-        }
-        out
-    }
-
-    /// The length of [`joined`](Self::joined), without joining.
-    fn joined_len(&self) -> usize {
-        self.texts.iter().fold(0usize, |len, text| {
-            let newline = usize::from(len > 0);
-            len.saturating_add(newline).saturating_add(text.len())
-        })
-    }
-}
-
 /// An OpenAI-style error response.
 fn error_response<B>(status: StatusCode, message: &str, code: Value) -> Response<CostBody<B>> {
     let json = serde_json::json!({
@@ -606,21 +547,20 @@ fn error_response<B>(status: StatusCode, message: &str, code: Value) -> Response
 
 /// The gate's worker-scoped overload answer, for a request beyond the
 /// concurrent body reads: the same status, headers and JSON members.
-fn overloaded_response<B>() -> Response<CostBody<B>> {
-    const STATUS: u16 = super::reject::SITE_OVERLOADED;
+fn overloaded_response<B>(status: StatusCode) -> Response<CostBody<B>> {
     let json = serde_json::json!({
         "error": {
             "message": "overloaded: too many request bodies are being read at once",
             "type": "overloaded",
             "param": null,
-            "code": STATUS,
+            "code": status.as_u16(),
             "scope": "worker",
             "rank": null,
             "reason": "body_reads",
         }
     });
     let mut response = Response::new(CostBody::answer(Bytes::from(json.to_string())));
-    *response.status_mut() = StatusCode::from_u16(STATUS).expect("529 is a valid status code");
+    *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(super::REJECTION_SCOPE, HeaderValue::from_static("worker"));
@@ -630,9 +570,11 @@ fn overloaded_response<B>() -> Response<CostBody<B>> {
     );
     headers.insert(RETRY_AFTER, HeaderValue::from(1u32));
     #[cfg(feature = "hyper")]
-    response
-        .extensions_mut()
-        .insert(hyper::ext::ReasonPhrase::from_static(b"Site is overloaded"));
+    if status.as_u16() == super::reject::SITE_OVERLOADED {
+        response
+            .extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(b"Site is overloaded"));
+    }
     response
 }
 
@@ -710,92 +652,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_chat_prompt_is_estimated_at_four_bytes_a_token() {
-        let body = serde_json::json!({
-            "model": "m",
-            "messages": [
-                {"role": "system", "content": "abcd"},
-                {"role": "user", "content": [{"type": "text", "text": "efgh"}]},
-            ],
-            "max_completion_tokens": 64,
-        });
-        let cost = estimate(body.to_string().as_bytes(), None).unwrap();
-        // "abcd\nefgh": 9 bytes, 3 tokens rounded up.
-        assert_eq!(cost, Cost::new(3, Some(64)));
-    }
-
-    #[test]
-    fn completions_and_responses_prompts_count_too() {
-        let completion = serde_json::json!({"prompt": ["aaaa", "bbbb"], "max_tokens": 5});
-        assert_eq!(
-            estimate(
-                completion.to_string().as_bytes(),
-                Some(&|text: &str| text.len())
-            ),
-            Some(Cost::new(9, Some(5)))
-        );
-        let response = serde_json::json!({
-            "instructions": "be brief",
-            "input": [{"role": "user", "content": "hi"}],
-            "max_output_tokens": 7,
-        });
-        assert_eq!(
-            estimate(
-                response.to_string().as_bytes(),
-                Some(&|text: &str| text.len())
-            ),
-            Some(Cost::new("hi\nbe brief".len(), Some(7)))
-        );
-    }
-
-    #[test]
-    fn prompts_as_token_ids_count_one_token_each() {
-        let ids = serde_json::json!({"prompt": [1, 2, 3]});
-        assert_eq!(
-            estimate(ids.to_string().as_bytes(), None),
-            Some(Cost::prompt(3))
-        );
-        let lists = serde_json::json!({"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 2});
-        assert_eq!(
-            estimate(lists.to_string().as_bytes(), Some(&|_: &str| 0)),
-            Some(Cost::new(5, Some(2)))
-        );
-        // A list of strings counts each string's estimate (4 bytes each here).
-        let strings = serde_json::json!({"prompt": ["aaaaaaaa", "bbbb"]});
-        assert_eq!(
-            estimate(strings.to_string().as_bytes(), None),
-            Some(Cost::prompt(4))
-        );
-    }
-
-    #[test]
-    fn the_joined_length_is_the_length_of_the_joined_text() {
-        for texts in [
-            vec![],
-            vec![""],
-            vec!["", "ab"],
-            vec!["ab", "", "c"],
-            vec!["a", "b"],
-        ] {
-            let prompt = Prompt {
-                texts: texts.clone(),
-                token_ids: 0,
-            };
-            assert_eq!(prompt.joined_len(), prompt.joined().len(), "{texts:?}");
-        }
-    }
-
-    #[test]
-    fn malformed_json_has_no_cost() {
-        assert_eq!(estimate(b"{\"messages\": [", None), None);
-        assert_eq!(estimate(b"[1, 2]", None), None);
-        assert_eq!(
-            estimate(b"{\"max_tokens\": -1}", None),
-            Some(Cost::new(0, None))
-        );
-    }
 
     #[test]
     fn a_trusted_header_gives_the_cost_and_ambiguity_gives_none() {

@@ -315,6 +315,7 @@ mod body;
 mod bypass;
 mod cost;
 mod deadline;
+mod estimate;
 mod first_token;
 mod future;
 mod layer;

@@ -218,7 +218,11 @@ impl SidecarBuilder {
     pub fn build(self) -> (Sidecar, Drain) {
         let layer = AdmissionLayer::new(self.gate.clone()).overload_status(self.overload_status);
         let upstream = self.upstream.clone();
-        let admitted: Admitted = match (self.trust_router_headers, self.cost) {
+        // One overload status for the gate's answers and the cost layer's.
+        let cost = self
+            .cost
+            .map(|cost| cost.overload_status(self.overload_status));
+        let admitted: Admitted = match (self.trust_router_headers, cost) {
             (false, None) => boxed(layer.layer(upstream)),
             (false, Some(cost)) => boxed(cost.layer(layer.layer(upstream))),
             (true, cost) => {

@@ -60,6 +60,7 @@ use super::types::{AdmitSource, Counts, Overloaded, RejectionReason, Tenant};
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
 mod accounting;
+mod adaptive;
 mod buckets;
 mod budget;
 mod codel;
@@ -240,6 +241,9 @@ pub(crate) struct State<T> {
     shed: bool,
     /// Whether some queue is shedding (controlled delay).
     codel_shedding: bool,
+    /// The adaptive waiting limit, when it is on: it sets
+    /// `limits.engine_request_waiting_limit`.
+    adaptive: Option<adaptive::Adaptive>,
 }
 
 impl<T> State<T> {
@@ -270,6 +274,7 @@ impl<T> State<T> {
             codel: None,
             shed: false,
             codel_shedding: false,
+            adaptive: None,
         };
         state.codel = state
             .config
@@ -278,7 +283,13 @@ impl<T> State<T> {
                 target,
                 interval: state.config.queue_delay_interval_in_force(),
             });
-        state.timed = state.config.deadlines_enabled();
+        state.timed = state.config.keeps_time();
+        if let Some(params) = state.config.adaptive_waiting_limit {
+            let adaptive =
+                adaptive::Adaptive::new(params, state.limits.engine_request_waiting_limit);
+            state.limits.engine_request_waiting_limit = adaptive.limit();
+            state.adaptive = Some(adaptive);
+        }
         if let Some(capacity) = capacity {
             state.report_capacity(capacity);
         }
@@ -460,6 +471,13 @@ impl<T> State<T> {
         }
     }
 
+    /// The payload of the request of `ticket`, whatever became of it,
+    /// unless the ticket is stale.
+    pub(crate) fn payload_mut(&mut self, ticket: Ticket) -> Option<&mut T> {
+        self.live(ticket)?;
+        Some(&mut self.entries[ticket.slot].payload)
+    }
+
     /// The request of `ticket` is cancelled. Still queued, it leaves its
     /// queue; already offered, the cancellation wins: the offered capacity
     /// is released and passes on to the next waiter. Either way the request
@@ -532,6 +550,12 @@ impl<T> State<T> {
         };
         self.capacity = Some(capacity);
         self.limits = self.config.limits_for(Some(capacity));
+        if let Some(adaptive) = &mut self.adaptive {
+            // The reported limit is the ceiling; the controller sets the
+            // limit in force.
+            adaptive.set_limit(self.limits.engine_request_waiting_limit);
+            self.limits.engine_request_waiting_limit = adaptive.limit();
+        }
         if ranks > self.ranks.len() {
             self.ranks.resize_with(ranks, Bucket::default);
         }
@@ -698,6 +722,8 @@ impl<T> State<T> {
     }
 }
 
+#[cfg(test)]
+mod adaptive_tests;
 #[cfg(test)]
 mod observe_tests;
 #[cfg(test)]

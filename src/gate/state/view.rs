@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use super::State;
 use super::buckets::{Bucket, BucketKey};
-use crate::config::{EngineCapacity, Limits, LimitsInForce};
-use crate::gate::observe::{BandView, BucketView};
+use crate::config::{EngineCapacity, LimitSource, Limits, LimitsInForce};
+use crate::gate::observe::{BandView, BucketView, spare};
 use crate::gate::types::{Counts, Tally};
 
 impl<T> State<T> {
@@ -33,6 +33,7 @@ impl<T> State<T> {
             bands: bucket.band_views(self.ladder.configured_bands()),
             oldest_wait: None,
             saturation: self.saturation(rank),
+            arrived: None,
         }
     }
 
@@ -53,6 +54,7 @@ impl<T> State<T> {
 
     /// Numbers the event just applied, for observers: later events get
     /// higher numbers.
+    #[inline]
     pub(crate) fn next_event(&mut self) -> u64 {
         self.events += 1;
         self.events
@@ -68,11 +70,16 @@ impl<T> State<T> {
 
     /// The limits in force, per rank and combined, with their sources.
     pub(crate) fn limits_in_force(&self) -> LimitsInForce {
+        let mut sources = self.config.sources;
+        if let Some(adaptive) = &self.adaptive {
+            let (floor, ceiling) = adaptive.bounds();
+            sources.engine_request_waiting_limit = LimitSource::Adaptive { floor, ceiling };
+        }
         LimitsInForce {
             per_rank: self.limits,
             ranks: self.recognised_ranks().max(1),
             capacity: self.capacity,
-            sources: self.config.sources,
+            sources,
         }
     }
 
@@ -115,12 +122,16 @@ impl<T> State<T> {
 impl Bucket {
     /// Each of the `configured` bands, lowest first: its queued requests
     /// and its tally. `None` without configured bands.
+    ///
+    /// The buffer is a spare one (see [`spare`]): in a steady state this
+    /// allocates nothing.
     #[inline]
-    fn band_views(&self, configured: usize) -> Option<Box<[BandView]>> {
+    fn band_views(&self, configured: usize) -> Option<Vec<BandView>> {
         if configured == 0 {
             return None;
         }
-        let mut bands = vec![BandView::default(); configured];
+        let mut bands = spare::bands();
+        bands.resize(configured, BandView::default());
         for (band, tally) in bands.iter_mut().zip(&self.bands) {
             band.tally = *tally;
         }
@@ -128,6 +139,6 @@ impl Bucket {
         for (rung, queued) in self.queue.band_lengths() {
             bands[rung as usize].queued = queued;
         }
-        Some(bands.into_boxed_slice())
+        Some(bands)
     }
 }
