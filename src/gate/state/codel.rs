@@ -403,9 +403,14 @@ mod tests {
                 }
             }
             prop_assert!(shed > 0);
-            // The engine never idles for want of queued work.
-            let capacity = run_for.as_secs_f64() / service.as_secs_f64() * slots as f64;
-            prop_assert!(admitted as f64 >= 0.95 * (capacity - slots as f64), "{admitted} of {capacity}");
+            // The engine never idles for want of queued work, when the
+            // target holds a few arrivals (with arrivals further apart
+            // than the target, a queue held to it is mostly empty: the
+            // price of the target, not of the rule).
+            if gap * 3 <= TARGET {
+                let capacity = run_for.as_secs_f64() / service.as_secs_f64() * slots as f64;
+                prop_assert!(admitted as f64 >= 0.95 * (capacity - slots as f64), "{admitted} of {capacity}");
+            }
         }
     }
 }
