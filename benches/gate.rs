@@ -12,6 +12,12 @@
 //!   to the queue) and the priority flood (ten thousand distinct priorities
 //!   with aging against three), per admission and per cancel + arrival.
 //!
+//! After criterion, interleaved tables (see `support`) give the ratios:
+//! the uncontended life against the Semaphore; the gate with a Prometheus
+//! recorder against the same gate without one (and the recorder's own
+//! writes alone, as a floor); 2, 4 and 8 threads contending on one gate
+//! against as many on one Semaphore; the queue depths; the floods.
+//!
 //! Run: `cargo bench --bench gate` (the gate with its default features,
 //! metrics compiled in, no recorder installed) and
 //! `cargo bench --bench gate --no-default-features` (the gate alone).
@@ -351,6 +357,152 @@ fn interleaved() {
     );
 }
 
+/// One request's life through `gate`: acquire, first token, release.
+fn one_life(gate: &Gate) {
+    let mut permit = gate
+        .acquire(black_box(None))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    permit.first_token();
+    drop(black_box(permit));
+}
+
+/// The gate with a Prometheus recorder (`metrics-exporter-prometheus`)
+/// against the same gate with none, interleaved. The recorder is installed
+/// locally while the gate registers its series, so the other tables of this
+/// run keep "no recorder". Its histograms are drained every 4,096 requests,
+/// as a scrape would (`run_upkeep`), so they do not grow for ever.
+#[cfg(feature = "metrics")]
+fn interleaved_recorder() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    let bare = Gate::new(AdmissionConfig::new());
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let recorded = metrics::with_local_recorder(&recorder, || Gate::new(AdmissionConfig::new()));
+    // The floor: the recorder's own cost of the writes one request's life
+    // makes through handles registered once (two gauges and two counters
+    // at the arrival, a gauge and a histogram sample at the first token, a
+    // gauge at the end), with nothing of the gate.
+    let (gauges, counters, histogram) = metrics::with_local_recorder(&recorder, || {
+        let gauge = |name: &'static str| metrics::gauge!(name, "dp_rank" => "unspecified");
+        let counter = |name: &'static str| metrics::counter!(name, "dp_rank" => "unspecified");
+        (
+            [gauge("floor_requests"), gauge("floor_waiting")],
+            [counter("floor_received"), counter("floor_admitted")],
+            metrics::histogram!("floor_waiting_seconds", "dp_rank" => "unspecified"),
+        )
+    });
+    let (mut n, mut m, mut k) = (0u32, 0u32, 0u64);
+    support::print_table(
+        "uncontended with a recorder: one request's life",
+        &mut [
+            ("gate, no recorder installed", &mut || one_life(&bare)),
+            ("gate, Prometheus recorder", &mut || {
+                one_life(&recorded);
+                n = n.wrapping_add(1);
+                if n % 4096 == 0 {
+                    handle.run_upkeep();
+                }
+            }),
+            (
+                "gate, no recorder + the recorder's writes alone",
+                &mut || {
+                    one_life(&bare);
+                    k += 1;
+                    gauges[0].set(1.0);
+                    gauges[1].set(1.0);
+                    counters[0].absolute(k);
+                    counters[1].absolute(k);
+                    gauges[1].set(0.0);
+                    histogram.record(black_box(0.001));
+                    gauges[0].set(0.0);
+                    m = m.wrapping_add(1);
+                    if m % 4096 == 0 {
+                        handle.run_upkeep();
+                    }
+                },
+            ),
+        ],
+    );
+}
+
+#[cfg(not(feature = "metrics"))]
+fn interleaved_recorder() {}
+
+/// Wall time per request with `threads` threads each running `per_thread`
+/// requests' lives through `life` at once: the inverse of the throughput,
+/// from the first thread's start to the last one's end (each thread reads
+/// its own clock: a spawning thread may be descheduled for a while).
+fn contended_round(threads: usize, per_thread: u32, life: &(dyn Fn() + Sync)) -> f64 {
+    let start = std::sync::Barrier::new(threads);
+    let spans: Vec<(std::time::Instant, std::time::Instant)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    let began = std::time::Instant::now();
+                    for _ in 0..per_thread {
+                        life();
+                    }
+                    (began, std::time::Instant::now())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().unwrap())
+            .collect()
+    });
+    let began = spans.iter().map(|span| span.0).min().unwrap();
+    let ended = spans.iter().map(|span| span.1).max().unwrap();
+    (ended - began).as_nanos() as f64 / (threads as f64 * f64::from(per_thread))
+}
+
+/// Threads contending on one gate against threads contending on one
+/// Semaphore: rounds alternate between the two, each keeps its fastest.
+/// Only under `cargo bench` (like `support::print_table`).
+fn interleaved_contended() {
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    const ROUNDS: usize = 15;
+    const PER_THREAD: u32 = 20_000;
+    println!(
+        "\ncontended: one request's life, ns of wall time per request \
+         (all threads), fastest of {ROUNDS} alternating rounds; \
+         this machine has {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "{:<10} {:>14} {:>14} {:>10}",
+        "threads", "Semaphore", "gate", "ratio"
+    );
+    for threads in [2usize, 4, 8] {
+        let gate = Gate::new(AdmissionConfig::new());
+        let semaphore = tokio::sync::Semaphore::new(10_000);
+        let semaphore_life = || {
+            let permit = semaphore.acquire().now_or_never().unwrap().unwrap();
+            drop(black_box(permit));
+        };
+        let gate_life = || one_life(&gate);
+        let (mut best_semaphore, mut best_gate) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..ROUNDS {
+            best_semaphore =
+                best_semaphore.min(contended_round(threads, PER_THREAD, &semaphore_life));
+            best_gate = best_gate.min(contended_round(threads, PER_THREAD, &gate_life));
+        }
+        println!(
+            "{:<10} {:>14.1} {:>14.1} {:>9.2}x",
+            threads,
+            best_semaphore,
+            best_gate,
+            best_gate / best_semaphore
+        );
+    }
+}
+
 /// The floods of `hostile_qos` again, interleaved, for their ratios.
 fn interleaved_floods() {
     let mut few = Flood::new(AdmissionConfig::new(), 10, thousand_tenants);
@@ -391,5 +543,7 @@ fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     interleaved();
+    interleaved_recorder();
+    interleaved_contended();
     interleaved_floods();
 }

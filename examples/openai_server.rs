@@ -111,6 +111,13 @@ struct Args {
     #[arg(long)]
     no_admission: bool,
 
+    /// Do not report the engine's capacity to the gate, as vLLM tells a
+    /// sidecar nothing about its max_num_seqs: limits not set by a flag or
+    /// variable stay at their defaults (10000 per rank, queue 20000); with
+    /// --adaptive-waiting-limit the gate finds the waiting limit itself
+    #[arg(long)]
+    no_capacity_report: bool,
+
     /// Prefix of the gate's metric names (dynamo_backend_admission gives the
     /// source system's names)
     #[arg(long, value_name = "PREFIX", default_value = tower_admission::metrics::DEFAULT_PREFIX)]
@@ -248,7 +255,9 @@ async fn main() -> ExitCode {
             .metrics_prefix(&args.metrics_prefix);
         let qos = describe_qos(&config);
         let gate = Gate::new(config);
-        engine.report_to(&gate);
+        if !args.no_capacity_report {
+            engine.report_to(&gate);
+        }
         app.gate = Some(gate.clone());
         let limits = gate.limits();
         let in_force = gate.limits_in_force();

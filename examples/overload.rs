@@ -4,7 +4,8 @@
 //! TGI-style semaphore, a vLLM-style cap) and for this crate's gate (with
 //! defaults, with a Little's-law waiting limit, sized for the first-token
 //! objective, with the objective as its setting, with an engine waiting
-//! token budget), in the scenarios of `tower_admission::sim::sweep::scenarios`.
+//! token budget, with controlled delay at 50 ms), in the scenarios of
+//! `tower_admission::sim::sweep::scenarios`.
 //!
 //! ```text
 //! cargo run --release --example overload --features sim
@@ -265,6 +266,7 @@ fn run_scenario(scenario: &Scenario, out: &std::path::Path) -> Result<(), String
         "\nTTFT: \">\" marks a lower bound (requests still without a first token when the run ended)"
     );
     print!("{}", goals(&result, config));
+    print!("{}", controlled_delay_goal(&result, config));
     if result.points.iter().any(|point| point.long.arrived > 0) {
         print!("{}", split(&result, config));
     }
@@ -428,6 +430,52 @@ fn goals(result: &Sweep, config: &SweepConfig) -> String {
     out
 }
 
+/// How far below another row the controlled-delay row may be and still
+/// count as "at least as much": 1% of that row's goodput.
+const CONTROLLED_DELAY_TIE: f64 = 0.01;
+
+/// The controlled-delay goal at every load of 1× and more: goodput at least
+/// the TGI-style semaphore's and the gate defaults' (within 1%), and p99
+/// TTFT of admitted requests within twice the semaphore's.
+fn controlled_delay_goal(result: &Sweep, config: &SweepConfig) -> String {
+    let mut out = format!(
+        "\ncontrolled-delay goal (target {:?}; goodput >= the TGI-style semaphore's and the \
+         defaults', within {:.0}%; p99 TTFT <= 2x the semaphore's):\n",
+        sweep::CONTROLLED_DELAY_TARGET,
+        100.0 * CONTROLLED_DELAY_TIE
+    );
+    let latency = |p: Option<sweep::Percentile>| p.map_or("-".to_string(), |p| p.to_string());
+    let mark = |ok: bool| if ok { "yes" } else { "NO" };
+    for &load in config.loads.iter().filter(|&&load| load >= 1.0) {
+        let (Some(codel), Some(semaphore), Some(defaults)) = (
+            result.point(System::GateControlledDelay, load),
+            result.point(System::TgiSemaphore, load),
+            result.point(System::Gate, load),
+        ) else {
+            continue;
+        };
+        let at_least =
+            |other: &Point| codel.goodput >= other.goodput * (1.0 - CONTROLLED_DELAY_TIE);
+        let ttft = match (codel.ttft_p99, semaphore.ttft_p99) {
+            (Some(codel), Some(semaphore)) => !codel.at_least && codel.value <= semaphore.value * 2,
+            _ => false,
+        };
+        let _ = writeln!(
+            out,
+            "  {load}x: goodput {:.1} vs semaphore {:.1} {} / defaults {:.1} {}; p99 TTFT {} vs semaphore {} {}",
+            codel.goodput,
+            semaphore.goodput,
+            mark(at_least(semaphore)),
+            defaults.goodput,
+            mark(at_least(defaults)),
+            latency(codel.ttft_p99),
+            latency(semaphore.ttft_p99),
+            mark(ttft),
+        );
+    }
+    out
+}
+
 /// Short and long prompts apart: goodput and p50/p99 TTFT of each class,
 /// and the token-budget goal: with the engine waiting token limit, short
 /// requests' p99 TTFT within the objective and total goodput not below the
@@ -545,6 +593,7 @@ fn style(system: System) -> (&'static str, &'static str) {
         System::GateSizedForObjective => ("#2ca02c", r#"stroke-width="2.5""#),
         System::GateTtftObjective => ("#e377c2", r#"stroke-width="2.5" stroke-dasharray="2,4""#),
         System::GateTokenBudget => ("#bcbd22", r#"stroke-width="2" stroke-dasharray="10,3""#),
+        System::GateControlledDelay => ("#7f7f7f", r#"stroke-width="2.5" stroke-dasharray="6,2""#),
     }
 }
 

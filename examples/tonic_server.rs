@@ -109,6 +109,8 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once at start-up: the size of the admission flags does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Serve llm.Generator/Generate
     Serve(ServeArgs),

@@ -93,8 +93,8 @@ type DefaultObserver = crate::gate::observe::NoObserver;
 #[cfg(feature = "clap")]
 pub use crate::config::AdmissionArgs;
 pub use crate::config::{
-    AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT, EngineCapacity, LimitSource,
-    LimitSources, Limits, LimitsInForce, MAX_DP_RANKS,
+    AdaptiveWaitingLimit, AdmissionConfig, DEFAULT_ENGINE_LIMIT, DEFAULT_QUEUE_LIMIT,
+    EngineCapacity, LimitSource, LimitSources, Limits, LimitsInForce, MAX_DP_RANKS,
 };
 #[cfg(feature = "http")]
 pub use crate::detect::FirstTokenDetector;

@@ -16,7 +16,7 @@
 //! | `request_queue_count` | gauge | | requests waiting in the gate's queue |
 //! | `request_receive_total` | counter | | requests received |
 //! | `request_admit_total` | counter | `source` = `direct` \| `queue` | requests admitted |
-//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured) | requests rejected |
+//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured; \| `queue_delay`, worker scope only, with a queue delay target) | requests rejected |
 //! | `cancellation_total` | counter | | requests cancelled while queued |
 //! | `engine_request_limit` | gauge | | the engine request limit |
 //! | `engine_request_waiting_limit` | gauge | | the engine request waiting limit |
@@ -24,6 +24,33 @@
 //! | `request_queue_wait_seconds` | histogram | | time in the gate's queue, of requests admitted from it |
 //! | `engine_request_waiting_seconds` | histogram | | admission to first token or completion: the W of Little's law |
 //! | `request_queue_oldest_age_seconds` | gauge | | how long the oldest request still in the gate's queue has waited; 0 when the queue is empty |
+//!
+//! With [`AdmissionConfig::saturation_metric`](crate::AdmissionConfig::saturation_metric)
+//! one more gauge, per `dp_rank`, is the single signal for routers and
+//! autoscalers (off by default, so that the default series are SPEC §6's):
+//!
+//! | suffix | type | meaning |
+//! |---|---|---|
+//! | `saturation` | gauge | demand over what the gate can hold, in the engine and in its queue: 0 when idle, 1 when the next request would be rejected |
+//!
+//! For counts `c` against limits `L`: engine fill `e` = the largest of
+//! `c.engine_requests / L.engine_request_limit`, `c.engine_waiting /
+//! L.engine_request_waiting_limit` and, where token limits are set, the
+//! token counts over them; queue fill `q` = the larger of `c.queued /
+//! L.request_queue_limit` and queued tokens over their limit; each at most
+//! 1; and `saturation = (e × E + q × Q) / (E + Q)` with `E` the engine
+//! request limit and `Q` the queue limit. Under `dp_rank="unspecified"` it
+//! is the **whole worker's** (its combined counts over its combined
+//! limits, which is what unranked requests draw on), and a rank's series
+//! is the larger of the rank's own and the worker's (a ranked request
+//! needs room in both). It is a ratio, so it does **not** follow the sum
+//! rule of the other series: the worker total is the `unspecified` series
+//! itself (as for the limit gauges), not a sum over `dp_rank`; take `max`
+//! over `dp_rank` for the busiest rank. The worker's series is set at
+//! every event; a rank's at that rank's events and at
+//! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) (call it before
+//! a scrape). [`Gate::saturation`](crate::Gate::saturation) gives the same
+//! value in code.
 //!
 //! With a token limit set ([`AdmissionConfig::engine_waiting_token_limit`](crate::AdmissionConfig::engine_waiting_token_limit)
 //! and its siblings), six more gauges weigh the requests, per `dp_rank`;
@@ -89,11 +116,23 @@
 //! (`INFO`), and sets every series at once, as
 //! [`Gate::refresh_metrics`](crate::Gate::refresh_metrics) does, counters
 //! included (they are set from the gate's tallies, so nothing counted
-//! before is lost). A gate built after the recorder pays one relaxed load
-//! per event for this. (The facade cannot say whether a recorder is
-//! installed; the gate takes a zero-sized recorder — the facade's no-op
-//! one — for none. A zero-sized recorder of your own still receives the
-//! series registered when the gate was built.)
+//! before is lost). Until then it skips each event's observation: it
+//! reads no clock for it and sets nothing (there is nothing to set), so a
+//! request admitted before the recorder appeared records no
+//! `engine_request_waiting_seconds` sample (queued requests are stamped
+//! all the same, for their queue waits and ages). A gate built after the
+//! recorder pays one relaxed load per event for this. (The facade cannot
+//! say whether a recorder is installed; the gate takes a zero-sized
+//! recorder — the facade's no-op one — for none. A zero-sized recorder of
+//! your own still receives the series registered when the gate was built,
+//! set whenever the gate sets the whole picture — when it is built, at
+//! capacity reports and at [`Gate::refresh_metrics`](crate::Gate::refresh_metrics)
+//! — but not at each event.)
+//!
+//! Each event sets only the series whose values it changed (the values
+//! last written are kept beside the handles, under the same lock that
+//! orders racing observations); the whole picture sets every series
+//! again.
 //!
 //! A recorder that panics loses its own observation and nothing else: the
 //! gate's capacity, its waiters and the process are unaffected.
@@ -138,6 +177,8 @@ use metrics::{Counter, Gauge, Histogram, Unit};
 
 use crate::config::{AdmissionConfig, Limits};
 use crate::gate::observe::{BucketView, Configured, Observation, Observer, contain};
+use crate::gate::types::BandTally;
+use crate::gate::{Counts, Tally};
 
 /// The metric name prefix unless
 /// [`AdmissionConfig::metrics_prefix`](crate::AdmissionConfig::metrics_prefix)
@@ -174,6 +215,7 @@ enum Group {
     Base,
     Tokens,
     Priorities,
+    Saturation,
 }
 
 /// Declares every metric family once: the group it is described with,
@@ -237,6 +279,7 @@ families! {
     Priorities gauge request_queue_by_priority_count: Count, "Requests waiting in the gate's queue, by the configured priority band they arrived in.";
     Priorities counter request_admit_by_priority_total: Count, "Requests admitted to the engine (either source), by the configured priority band they arrived in.";
     Priorities counter rejection_by_priority_total: Count, "Requests rejected as overload (any scope and reason), by the configured priority band they arrived in.";
+    Saturation gauge saturation: Count, "Demand over what the gate can hold in the engine and its queue, 0 (idle) to 1 (the next request is rejected); a rank's is the larger of its own and the worker's; dp_rank=unspecified is the whole worker.";
 }
 
 impl Names {
@@ -250,6 +293,10 @@ impl Names {
 
     fn describe_tokens(&self) {
         self.describe_group(Group::Tokens);
+    }
+
+    fn describe_saturation(&self) {
+        self.describe_group(Group::Saturation);
     }
 }
 
@@ -343,6 +390,11 @@ struct Shape {
     /// some may be for a deadline, or priority bands are configured, so
     /// some may be displaced.
     reasons: bool,
+    /// Whether controlled delay is on: then rejections of reason
+    /// `queue_delay` have a series.
+    shedding: bool,
+    /// Whether the saturation gauge is recorded.
+    saturation: bool,
     /// The `priority` label of each configured band, lowest first; empty:
     /// no per-priority series.
     priorities: Vec<String>,
@@ -363,6 +415,8 @@ impl Shape {
         Shape {
             token_limits,
             reasons: config.deadlines_enabled() || !priorities.is_empty(),
+            shedding: config.explicit_queue_delay_target().is_some(),
+            saturation: config.explicit_saturation_metric(),
             priorities,
         }
     }
@@ -373,6 +427,8 @@ impl Shape {
         Shape {
             token_limits: None,
             reasons: false,
+            shedding: false,
+            saturation: false,
             priorities: Vec::new(),
         }
     }
@@ -398,12 +454,16 @@ struct BucketMetrics {
     /// Rejections of each scope of displaced requests, with reasons on.
     displaced_rank: Counter,
     displaced_worker: Counter,
+    /// Rejections by controlled delay (always worker-scoped), when it is on.
+    shed_worker: Counter,
     /// Whether the rejection series carry a `reason` label.
     reasons: bool,
     cancelled: Counter,
     queue_wait: Histogram,
     engine_waiting_time: Histogram,
     oldest_wait: Gauge,
+    /// The saturation gauge, when it is recorded.
+    saturation: Gauge,
     tokens: Option<TokenMetrics>,
     /// One per configured priority band, lowest first.
     bands: Vec<BandMetrics>,
@@ -416,7 +476,31 @@ struct BucketMetrics {
 struct Applied {
     counts: u64,
     limits: u64,
+    /// The latest event whose worker saturation was set (the unranked
+    /// bucket's series shows the worker's).
+    saturation: u64,
+    /// The values last written to the handles (`None`: never written), so
+    /// that an event writes only the series whose values it changed: an
+    /// arrival changes three or four of some twenty.
+    written: Written,
 }
+
+/// The values a bucket's handles were last set to.
+#[derive(Default)]
+struct Written {
+    counts: Option<Counts>,
+    oldest_wait: Option<f64>,
+    saturation: Option<f64>,
+    /// The counters, in the order [`BucketMetrics::counters`] gives them.
+    counters: Option<[u64; COUNTERS]>,
+    /// Queued requests and tally of each band, lowest first; grown to the
+    /// configured bands at the first write.
+    bands: Vec<(Option<usize>, Option<BandTally>)>,
+}
+
+/// How many counters a bucket has (each scope and reason of rejection
+/// one, with reasons off some are always 0).
+const COUNTERS: usize = 11;
 
 impl BucketMetrics {
     /// Registers the series of one `dp_rank` value with the current
@@ -449,11 +533,13 @@ impl BucketMetrics {
             expired_worker: Counter::noop(),
             displaced_rank: Counter::noop(),
             displaced_worker: Counter::noop(),
+            shed_worker: Counter::noop(),
             reasons: false,
             cancelled: Counter::noop(),
             queue_wait: Histogram::noop(),
             engine_waiting_time: Histogram::noop(),
             oldest_wait: Gauge::noop(),
+            saturation: Gauge::noop(),
             tokens: None,
             bands: Vec::new(),
             applied: Mutex::default(),
@@ -509,11 +595,19 @@ impl BucketMetrics {
                 None => Counter::noop(),
             },
             displaced_worker: because("worker", "displaced"),
+            shed_worker: match shape.shedding {
+                true => because("worker", "queue_delay"),
+                false => Counter::noop(),
+            },
             reasons,
             cancelled: counter(&names.cancellation_total),
             queue_wait: histogram(&names.request_queue_wait_seconds),
             engine_waiting_time: histogram(&names.engine_request_waiting_seconds),
             oldest_wait: gauge(&names.request_queue_oldest_age_seconds),
+            saturation: match shape.saturation {
+                true => gauge(&names.saturation),
+                false => Gauge::noop(),
+            },
             tokens: shape
                 .token_limits
                 .as_ref()
@@ -527,59 +621,140 @@ impl BucketMetrics {
         }
     }
 
+    /// Each counter with its value from `tally`, in a fixed order.
+    fn counters(&self, tally: &Tally) -> [(&Counter, u64); COUNTERS] {
+        let (rejected_rank, rejected_worker) = if self.reasons {
+            (
+                tally.rejected_rank - tally.expired_rank - tally.displaced_rank,
+                tally.rejected_worker
+                    - tally.expired_worker
+                    - tally.displaced_worker
+                    - tally.shed_worker,
+            )
+        } else {
+            (tally.rejected_rank, tally.rejected_worker)
+        };
+        [
+            (&self.received, tally.received),
+            (&self.admitted_direct, tally.admitted_direct),
+            (&self.admitted_queue, tally.admitted_queue),
+            (&self.rejected_rank, rejected_rank),
+            (&self.rejected_worker, rejected_worker),
+            (&self.expired_rank, tally.expired_rank),
+            (&self.expired_worker, tally.expired_worker),
+            (&self.displaced_rank, tally.displaced_rank),
+            (&self.displaced_worker, tally.displaced_worker),
+            (&self.shed_worker, tally.shed_worker),
+            (&self.cancelled, tally.cancelled),
+        ]
+    }
+
     /// Sets the gauges from the bucket's counts after event `seq` (and the
     /// limit gauges, when given), unless a later event was applied already,
     /// and the counters from its tally when `tally` says it changed.
     /// Counters are set, not incremented: they are the gate's own tallies
     /// and cannot drift from its snapshot.
+    ///
+    /// An event writes only the series whose values differ from the ones
+    /// last written (under the same lock, so this is exact); with `limits`
+    /// (the whole picture: the gate was built, the engine reported, or
+    /// metrics were refreshed) every series is written again.
     fn apply(&self, seq: u64, view: &BucketView, tally: bool, limits: Option<(Limits, usize)>) {
+        let every = limits.is_some();
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        let applied = &mut *applied;
+        let written = &mut applied.written;
+        if written.bands.len() < self.bands.len() {
+            written.bands.resize(self.bands.len(), (None, None));
+        }
         if seq > applied.counts {
             applied.counts = seq;
             let counts = view.counts;
-            self.engine_requests.set(counts.engine_requests as f64);
-            self.engine_waiting.set(counts.engine_waiting as f64);
-            self.queued.set(counts.queued as f64);
-            self.oldest_wait
-                .set(view.oldest_wait.map_or(0.0, |waited| waited.as_secs_f64()));
-            if let Some(tokens) = &self.tokens {
-                tokens.set_counts(&counts);
+            let last = written.counts.filter(|_| !every);
+            let changed = |old: fn(&Counts) -> usize| last.as_ref().map(old) != Some(old(&counts));
+            if changed(|counts| counts.engine_requests) {
+                self.engine_requests.set(counts.engine_requests as f64);
             }
-            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
-                metrics.queued.set(band.queued as f64);
+            if changed(|counts| counts.engine_waiting) {
+                self.engine_waiting.set(counts.engine_waiting as f64);
+            }
+            if changed(|counts| counts.queued) {
+                self.queued.set(counts.queued as f64);
+            }
+            if let Some(tokens) = &self.tokens {
+                if last != Some(counts) {
+                    tokens.set_counts(&counts);
+                }
+            }
+            written.counts = Some(counts);
+            let oldest = view.oldest_wait.map_or(0.0, |waited| waited.as_secs_f64());
+            if every || written.oldest_wait != Some(oldest) {
+                self.oldest_wait.set(oldest);
+                written.oldest_wait = Some(oldest);
+            }
+            if every || written.saturation != Some(view.saturation) {
+                self.saturation.set(view.saturation);
+                written.saturation = Some(view.saturation);
+            }
+            if view.rank.is_none() {
+                applied.saturation = seq;
             }
         }
         // Counters only grow, and are set from tallies that only grow: a
         // late write of an older tally changes nothing.
         if tally {
-            let tally = view.tally;
-            self.received.absolute(tally.received);
-            self.admitted_direct.absolute(tally.admitted_direct);
-            self.admitted_queue.absolute(tally.admitted_queue);
-            if self.reasons {
-                self.rejected_rank
-                    .absolute(tally.rejected_rank - tally.expired_rank - tally.displaced_rank);
-                self.rejected_worker.absolute(
-                    tally.rejected_worker - tally.expired_worker - tally.displaced_worker,
-                );
-                self.expired_rank.absolute(tally.expired_rank);
-                self.expired_worker.absolute(tally.expired_worker);
-                self.displaced_rank.absolute(tally.displaced_rank);
-                self.displaced_worker.absolute(tally.displaced_worker);
-            } else {
-                self.rejected_rank.absolute(tally.rejected_rank);
-                self.rejected_worker.absolute(tally.rejected_worker);
+            let last = written.counters.filter(|_| !every);
+            let mut values = [0; COUNTERS];
+            for (at, (counter, value)) in self.counters(&view.tally).into_iter().enumerate() {
+                if last.is_none_or(|last| last[at] < value) {
+                    counter.absolute(value);
+                }
+                values[at] = last.map_or(value, |last| last[at].max(value));
             }
-            self.cancelled.absolute(tally.cancelled);
-            for (metrics, band) in self.bands.iter().zip(view.bands.iter().flatten()) {
-                metrics.admitted.absolute(band.tally.admitted);
-                metrics.rejected.absolute(band.tally.rejected);
+            written.counters = Some(values);
+        }
+        let bands = self.bands.iter().zip(view.bands.iter().flatten());
+        for ((metrics, band), (queued, band_tally)) in bands.zip(&mut written.bands) {
+            // The band's queue length is a count, its tally a tally: each
+            // moves under its own rule, as above (`applied.counts == seq`:
+            // this event's counts are the latest).
+            if applied.counts == seq && (every || *queued != Some(band.queued)) {
+                metrics.queued.set(band.queued as f64);
+                *queued = Some(band.queued);
+            }
+            if tally {
+                let old = band_tally.filter(|_| !every);
+                let new = band.tally;
+                if old.is_none_or(|old| old.admitted < new.admitted) {
+                    metrics.admitted.absolute(new.admitted);
+                }
+                if old.is_none_or(|old| old.rejected < new.rejected) {
+                    metrics.rejected.absolute(new.rejected);
+                }
+                let old = old.unwrap_or_default();
+                *band_tally = Some(BandTally {
+                    admitted: old.admitted.max(new.admitted),
+                    rejected: old.rejected.max(new.rejected),
+                });
             }
         }
         if let Some((limits, ranks)) = limits {
             if seq > applied.limits {
                 applied.limits = seq;
                 self.set_limits(limits, ranks);
+            }
+        }
+    }
+
+    /// Sets the worker's saturation (the unranked bucket's series) after
+    /// event `seq`, unless a later event set it already.
+    fn set_worker_saturation(&self, seq: u64, saturation: f64) {
+        let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        if seq > applied.saturation {
+            applied.saturation = seq;
+            if applied.written.saturation != Some(saturation) {
+                self.saturation.set(saturation);
+                applied.written.saturation = Some(saturation);
             }
         }
     }
@@ -630,6 +805,9 @@ impl Series {
             if !shape.priorities.is_empty() {
                 names.describe_priorities();
             }
+            if shape.saturation {
+                names.describe_saturation();
+            }
         });
         Series {
             unranked: BucketMetrics::register(names, shape, None),
@@ -673,6 +851,17 @@ impl Observer for Recorder {
             names,
             shape,
         }
+    }
+
+    /// Whether there is anything to record with: a recorder was installed
+    /// when the gate was built or has been since. A gate waiting for its
+    /// recorder skips each event's observation (it has nothing to set), and
+    /// at its first event after one appears registers its series and sets
+    /// them all from the gate's own counts and tallies (see
+    /// [`observe`](Observer::observe)), so nothing skipped is lost.
+    #[inline]
+    fn active(&self) -> bool {
+        !self.looking.load(Ordering::Relaxed) || recorder_installed()
     }
 
     /// The gate was built, the engine reported its capacity, or metrics
@@ -719,9 +908,20 @@ impl Observer for Recorder {
             observation.tally_changed,
             None,
         );
+        // Every event moves the worker's saturation, whichever bucket it
+        // concerned.
+        series
+            .unranked
+            .set_worker_saturation(observation.seq, observation.worker_saturation);
         for view in &observation.offered {
-            self.bucket(series, view.rank)
-                .apply(observation.seq, view, false, None);
+            // An event that changed tallies may have changed theirs too
+            // (controlled delay sheds from any queue).
+            self.bucket(series, view.rank).apply(
+                observation.seq,
+                view,
+                observation.tally_changed,
+                None,
+            );
         }
         registered
     }

@@ -24,6 +24,7 @@ const TTFT_MS: &str = "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS";
 const AGING_MS: &str = "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS";
 const BANDS: &str = "DYN_BACKEND_ADMISSION_PRIORITY_BANDS";
 const WEIGHTS: &str = "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS";
+const ADAPTIVE: &str = "DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT";
 
 const TOO_LARGE: &str = "340282366920938463463374607431768211456"; // 2^128
 
@@ -302,8 +303,10 @@ fn a_valid_canonical_value_means_the_alias_is_never_read() {
             QUEUE_WAIT_MS,
             TTFT_MS,
             AGING_MS,
+            "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
             BANDS,
-            WEIGHTS
+            WEIGHTS,
+            ADAPTIVE
         ]
     );
 }
@@ -593,8 +596,10 @@ mod cli {
                 QUEUE_WAIT_MS,
                 TTFT_MS,
                 AGING_MS,
+                "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
                 BANDS,
-                WEIGHTS
+                WEIGHTS,
+                ADAPTIVE
             ]
         );
     }

@@ -19,8 +19,10 @@ use super::env::{self, Overrides};
 /// | `--request-queue-wait-limit-ms <MS>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
 /// | `--ttft-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
 /// | `--aging-interval-ms <MS>` | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+/// | `--queue-delay-target-ms <MS>` | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
 /// | `--priority-bands <BANDS>` | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` |
 /// | `--tenant-weight <NAME=WEIGHT>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` |
+/// | `--adaptive-waiting-limit[=<BOOL>]` | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` |
 ///
 /// The token limits are off unless set: requests are then counted, not
 /// weighed. So are the queue wait limit and the time-to-first-token
@@ -123,6 +125,13 @@ pub struct AdmissionArgs {
     #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
     pub aging_interval_ms: Option<NonZeroUsize>,
 
+    /// Controlled delay: once a queue's wait has stayed above this many
+    /// milliseconds for 100 ms, its requests older than it are answered as
+    /// overload (reason queue_delay) until it drains [default: off; env:
+    /// DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
+    pub queue_delay_target_ms: Option<NonZeroUsize>,
+
     /// Comma-separated priorities that are bands, e.g. -1,0,10: a request
     /// belongs to the highest band at or below its priority [default: every
     /// priority is a band; env: DYN_BACKEND_ADMISSION_PRIORITY_BANDS]
@@ -135,6 +144,21 @@ pub struct AdmissionArgs {
     /// DYN_BACKEND_ADMISSION_TENANT_WEIGHTS, comma-separated]
     #[arg(long, value_name = "NAME=WEIGHT", value_parser = tenant_weight)]
     pub tenant_weight: Vec<(String, u32)>,
+
+    /// Move the engine request waiting limit per rank between 1 and its
+    /// configured or reported value by the engine waiting time the gate
+    /// measures (a latency gradient; see AdaptiveWaitingLimit); with no
+    /// value, true [default: off; env:
+    /// DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = switch
+    )]
+    pub adaptive_waiting_limit: Option<bool>,
 }
 
 impl AdmissionArgs {
@@ -160,9 +184,11 @@ impl AdmissionArgs {
                 self.request_queue_wait_limit_ms.map(NonZeroUsize::get),
                 self.ttft_objective_ms.map(NonZeroUsize::get),
                 self.aging_interval_ms.map(NonZeroUsize::get),
+                self.queue_delay_target_ms.map(NonZeroUsize::get),
             ],
             priority_bands: self.priority_bands.clone(),
             tenant_weights: (!self.tenant_weight.is_empty()).then(|| self.tenant_weight.clone()),
+            adaptive_waiting_limit: self.adaptive_waiting_limit,
         };
         env::resolve(overrides, &lookup)
     }
@@ -184,6 +210,10 @@ fn priority_bands(raw: &str) -> Result<Vec<i32>, String> {
 
 fn tenant_weight(raw: &str) -> Result<(String, u32), String> {
     env::parse_tenant_weight(raw)
+}
+
+fn switch(raw: &str) -> Result<bool, String> {
+    env::parse_switch(raw)
 }
 
 #[cfg(test)]

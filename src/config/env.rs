@@ -30,7 +30,7 @@ pub(crate) struct Setting {
 /// The environment resolver reads them from here, and the command line
 /// hands its values over in this order ([`Overrides::numeric`]); a test
 /// of the flags checks that their names and order agree with it.
-pub(crate) const NUMERIC: [Numeric; 9] = [
+pub(crate) const NUMERIC: [Numeric; 10] = [
     Numeric {
         name: "engine_request_limit",
         flag: "--engine-request-limit",
@@ -121,6 +121,16 @@ pub(crate) const NUMERIC: [Numeric; 9] = [
         },
         apply: |config, n| config.aging_interval(millis(n)),
     },
+    Numeric {
+        name: "queue_delay_target",
+        flag: "--queue-delay-target-ms",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
+            alias: None,
+            minimum: 1,
+        },
+        apply: |config, n| config.queue_delay_target(millis(n)),
+    },
 ];
 
 /// One numeric setting: see [`NUMERIC`].
@@ -161,6 +171,10 @@ pub(crate) const PRIORITY_BANDS: &str = "DYN_BACKEND_ADMISSION_PRIORITY_BANDS";
 /// Comma-separated tenant weights: `batch=1,chat=4`.
 pub(crate) const TENANT_WEIGHTS: &str = "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS";
 
+/// Whether the engine request waiting limit adapts: `true` or `false`
+/// (also `1`/`0`, `yes`/`no`, `on`/`off`).
+pub(crate) const ADAPTIVE_WAITING_LIMIT: &str = "DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT";
+
 /// Values that take precedence over the environment (from the command
 /// line). A setting given here is resolved without reading its variables.
 #[derive(Debug, Clone, Default)]
@@ -169,6 +183,7 @@ pub(crate) struct Overrides {
     pub(crate) numeric: [Option<usize>; NUMERIC.len()],
     pub(crate) priority_bands: Option<Vec<i32>>,
     pub(crate) tenant_weights: Option<Vec<(String, u32)>>,
+    pub(crate) adaptive_waiting_limit: Option<bool>,
 }
 
 /// Builds a configuration from `overrides`, then the variables `lookup`
@@ -197,6 +212,17 @@ pub(crate) fn resolve(
         .or_else(|| read(TENANT_WEIGHTS, lookup, "the default", parse_tenant_weights));
     for (tenant, weight) in tenant_weights.into_iter().flatten() {
         config = config.tenant_weight(tenant, weight);
+    }
+    let adaptive = overrides.adaptive_waiting_limit.or_else(|| {
+        read(
+            ADAPTIVE_WAITING_LIMIT,
+            lookup,
+            "the default (off)",
+            parse_switch,
+        )
+    });
+    if let Some(on) = adaptive {
+        config = config.adaptive_waiting_limit(on);
     }
     config
 }
@@ -381,6 +407,18 @@ pub(crate) fn parse_tenant_weights(raw: &str) -> Result<Vec<(String, u32)>, Stri
     Ok(weights)
 }
 
+/// Parses an on/off setting: `true`, `1`, `yes`, `on` or `false`, `0`,
+/// `no`, `off`, trimmed, in any case. Shared by the environment and the
+/// command line.
+pub(crate) fn parse_switch(raw: &str) -> Result<bool, String> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        "" => Err(Invalid::Empty.to_string()),
+        _ => Err("expected true or false (also 1/0, yes/no, on/off)".to_owned()),
+    }
+}
+
 fn is_negative_integer(value: &str) -> bool {
     value
         .strip_prefix('-')
@@ -424,6 +462,24 @@ mod tests {
             ("0,5,0", "0 is listed twice"),
         ] {
             let error = parse_priority_bands(raw).expect_err(raw);
+            assert!(error.contains(why), "{raw:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_switch_is_true_or_false() {
+        for raw in ["true", " TRUE ", "1", "yes", "On"] {
+            assert_eq!(parse_switch(raw), Ok(true), "{raw:?}");
+        }
+        for raw in ["false", "0", "No", " off"] {
+            assert_eq!(parse_switch(raw), Ok(false), "{raw:?}");
+        }
+        for (raw, why) in [
+            ("", "empty"),
+            ("2", "expected true or false"),
+            ("enabled", "expected"),
+        ] {
+            let error = parse_switch(raw).expect_err(raw);
             assert!(error.contains(why), "{raw:?}: {error}");
         }
     }

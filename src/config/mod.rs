@@ -6,6 +6,7 @@
 //! setting left unset follows the engine's reported capacity and changes when
 //! the engine reports again.
 
+mod adaptive;
 #[cfg(feature = "clap")]
 mod cli;
 mod env;
@@ -16,6 +17,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use self::adaptive::AdaptiveWaitingLimit;
 #[cfg(feature = "clap")]
 pub use self::cli::AdmissionArgs;
 
@@ -94,17 +96,27 @@ pub struct AdmissionConfig {
     pub(crate) request_queue_token_limit: Option<NonZeroUsize>,
     pub(crate) request_queue_wait_limit: Option<Duration>,
     pub(crate) ttft_objective: Option<Duration>,
+    pub(crate) queue_delay_target: Option<Duration>,
+    pub(crate) queue_delay_interval: Option<Duration>,
+    pub(crate) retry_after_from_drain_rate: Option<Duration>,
+    pub(crate) saturation_metric: bool,
     pub(crate) request_deadlines: bool,
     pub(crate) aging_interval: Option<Duration>,
     pub(crate) priority_bands: Vec<i32>,
     pub(crate) tenant_weights: BTreeMap<String, u32>,
     pub(crate) clock: Clock,
     pub(crate) capacity: Option<EngineCapacity>,
+    /// The adaptive engine request waiting limit, when it is on.
+    pub(crate) adaptive_waiting_limit: Option<AdaptiveWaitingLimit>,
     /// Where each request and token limit was set.
     pub(crate) sources: LimitSources,
     #[cfg(feature = "metrics")]
     pub(crate) metrics_prefix: Option<String>,
 }
+
+/// How long a queue's wait must stay above the queue delay target before
+/// it sheds, unless set.
+pub(crate) const DEFAULT_QUEUE_DELAY_INTERVAL: Duration = Duration::from_millis(100);
 
 impl fmt::Debug for AdmissionConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -123,11 +135,19 @@ impl fmt::Debug for AdmissionConfig {
             .field("request_queue_token_limit", &self.request_queue_token_limit)
             .field("request_queue_wait_limit", &self.request_queue_wait_limit)
             .field("ttft_objective", &self.ttft_objective)
+            .field("queue_delay_target", &self.queue_delay_target)
+            .field("queue_delay_interval", &self.queue_delay_interval)
+            .field(
+                "retry_after_from_drain_rate",
+                &self.retry_after_from_drain_rate,
+            )
+            .field("saturation_metric", &self.saturation_metric)
             .field("request_deadlines", &self.request_deadlines)
             .field("aging_interval", &self.aging_interval)
             .field("priority_bands", &self.priority_bands)
             .field("tenant_weights", &self.tenant_weights)
             .field("capacity", &self.capacity)
+            .field("adaptive_waiting_limit", &self.adaptive_waiting_limit)
             .field("sources", &self.sources);
         #[cfg(feature = "metrics")]
         d.field("metrics_prefix", &self.metrics_prefix);
@@ -286,6 +306,176 @@ impl AdmissionConfig {
             || self.ttft_objective.is_some()
             || self.request_deadlines
             || self.aging_interval.is_some()
+            || self.queue_delay_target.is_some()
+            || self.retry_after_from_drain_rate.is_some()
+    }
+
+    /// Sets the queue delay target: controlled delay (CoDel) for the
+    /// request queue. A burst may queue, a standing queue may not: when the
+    /// wait of every request in a queue has stayed above `target` for a
+    /// whole [interval](Self::queue_delay_interval) (100 ms unless set),
+    /// the queue's requests older than `target` are answered as overload
+    /// (worker scope, reason
+    /// [`QueueDelay`](crate::RejectionReason::QueueDelay)), and so is
+    /// every request that waits longer than `target`, until the standing
+    /// queue has drained (stayed empty for an interval). A burst the queue absorbs within
+    /// `target + interval` is never shed. Off unless set.
+    ///
+    /// The rule is CoDel's, per queue (each rank's and the unranked one),
+    /// checked at each of the gate's events, on the gate's clock: the queue
+    /// is *above* from the moment its oldest request's wait passed
+    /// `target`, and stays above while its oldest request is older than
+    /// `target`; once it has been above for `interval` it *sheds* (every
+    /// request older than `target` is answered at once) until it has
+    /// stayed empty for `interval`.
+    /// Under a sustained overload the queue then holds about `target` of
+    /// work and no more; admitted requests have waited about `target` at
+    /// most.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::new().queue_delay_target(Duration::from_millis(50));
+    /// assert_eq!(config.explicit_queue_delay_target(), Some(Duration::from_millis(50)));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `target` is zero (use a queue limit of 0 to have no queue).
+    #[track_caller]
+    pub fn queue_delay_target(mut self, target: Duration) -> Self {
+        assert!(
+            !target.is_zero(),
+            "invalid queue_delay_target: 0 (the target must be positive)"
+        );
+        self.queue_delay_target = Some(target);
+        self
+    }
+
+    /// Sets how long a queue's wait must stay above the
+    /// [queue delay target](Self::queue_delay_target) before its old
+    /// requests are shed; 100 ms unless set. Without a target it does
+    /// nothing.
+    ///
+    /// # Panics
+    ///
+    /// If `interval` is zero.
+    #[track_caller]
+    pub fn queue_delay_interval(mut self, interval: Duration) -> Self {
+        assert!(
+            !interval.is_zero(),
+            "invalid queue_delay_interval: 0 (the interval must be positive)"
+        );
+        self.queue_delay_interval = Some(interval);
+        self
+    }
+
+    /// The queue delay target, if one was set.
+    pub fn explicit_queue_delay_target(&self) -> Option<Duration> {
+        self.queue_delay_target
+    }
+
+    /// The queue delay interval in force: the one set, or 100 ms.
+    pub fn queue_delay_interval_in_force(&self) -> Duration {
+        self.queue_delay_interval
+            .unwrap_or(DEFAULT_QUEUE_DELAY_INTERVAL)
+    }
+
+    /// Estimates, for every worker-scoped rejection, when the worker will
+    /// have room: the requests in its queue divided by the rate its queue
+    /// has drained at, rounded up to whole seconds and clamped to
+    /// `[1 s, max]` ([`Overloaded::retry_after`](crate::Overloaded::retry_after)).
+    /// The HTTP layer then sends it as `Retry-After` (gRPC:
+    /// `grpc-retry-pushback-ms`) instead of its fixed value, and a frontend
+    /// (`route`) waits that long, up to its own caps. Before the queue has
+    /// drained at a measured rate (or with no queue) there is no estimate,
+    /// and the layer sends its fixed value. Off unless set: by default
+    /// `Retry-After` is a fixed `1`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::new().retry_after_from_drain_rate(Duration::from_secs(30));
+    /// assert_eq!(config.explicit_retry_after_from_drain_rate(), Some(Duration::from_secs(30)));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `max` is shorter than one second: the estimate is in whole
+    /// seconds, at least one.
+    #[track_caller]
+    pub fn retry_after_from_drain_rate(mut self, max: Duration) -> Self {
+        assert!(
+            max >= Duration::from_secs(1),
+            "invalid retry_after_from_drain_rate: {max:?} (the maximum must be at least 1 s)"
+        );
+        self.retry_after_from_drain_rate = Some(max);
+        self
+    }
+
+    /// Records the gauge `<prefix>_saturation{dp_rank}` (feature
+    /// `metrics`): how saturated each rank is, and under
+    /// `dp_rank="unspecified"` the whole worker, from 0 (idle) to 1 (the
+    /// next request would be rejected); see [`Gate::saturation`](crate::Gate::saturation)
+    /// for the formula. The one series a router or an autoscaler needs.
+    /// Off unless set, so that the default series stay those of SPEC §6;
+    /// [`Gate::saturation`](crate::Gate::saturation) is always there.
+    pub fn saturation_metric(mut self, record: bool) -> Self {
+        self.saturation_metric = record;
+        self
+    }
+
+    /// Whether the saturation gauge is recorded.
+    pub fn explicit_saturation_metric(&self) -> bool {
+        self.saturation_metric
+    }
+
+    /// The maximum of the drain-rate `Retry-After` estimate, if it is on.
+    pub fn explicit_retry_after_from_drain_rate(&self) -> Option<Duration> {
+        self.retry_after_from_drain_rate
+    }
+
+    /// Whether the gate reads its clock: deadlines are on, or the waiting
+    /// limit adapts (it measures engine waiting times).
+    pub(crate) fn keeps_time(&self) -> bool {
+        self.deadlines_enabled() || self.adaptive_waiting_limit.is_some()
+    }
+
+    /// Turns the adaptive engine request waiting limit on (with the
+    /// defaults of [`AdaptiveWaitingLimit`]) or off: the gate then moves
+    /// the per-rank waiting limit between 1 and the configured or reported
+    /// waiting limit by the engine waiting times it measures, instead of
+    /// keeping it fixed. Off unless set (`--adaptive-waiting-limit`,
+    /// `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT`). The gate keeps time
+    /// while it is on, on its [`clock`](Self::clock).
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+    ///
+    /// let gate = Gate::new(
+    ///     AdmissionConfig::new()
+    ///         .adaptive_waiting_limit(true)
+    ///         .capacity(EngineCapacity::new(256, 1)),
+    /// );
+    /// // It starts at its floor and grows as the engine shows it can take more.
+    /// assert_eq!(gate.limits().engine_request_waiting_limit, 1);
+    /// ```
+    pub fn adaptive_waiting_limit(mut self, on: bool) -> Self {
+        self.adaptive_waiting_limit = on.then(AdaptiveWaitingLimit::default);
+        self
+    }
+
+    /// Turns the adaptive engine request waiting limit on with `params`.
+    pub fn adaptive_waiting_limit_with(mut self, params: AdaptiveWaitingLimit) -> Self {
+        self.adaptive_waiting_limit = Some(params);
+        self
+    }
+
+    /// The adaptive waiting limit's parameters, if it is on.
+    pub fn explicit_adaptive_waiting_limit(&self) -> Option<AdaptiveWaitingLimit> {
+        self.adaptive_waiting_limit
     }
 
     /// Sets the aging interval (SPEC §8): a queued request rises one
@@ -429,8 +619,10 @@ impl AdmissionConfig {
     /// | request queue wait limit (ms) | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
     /// | time-to-first-token objective (ms) | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
     /// | aging interval (ms) | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+    /// | queue delay target (ms) | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
     /// | priority bands | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` (`-1,0,10`) |
     /// | tenant weights | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` (`chat=4,batch=1`) |
+    /// | adaptive waiting limit | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` (`true`, `false`; also `1`/`0`, `yes`/`no`, `on`/`off`) |
     ///
     /// Per setting, independently: a valid canonical value wins and its
     /// alias is not read; otherwise a valid alias value wins; otherwise the
@@ -590,6 +782,15 @@ pub enum LimitSource {
     /// The builder ([`AdmissionConfig::engine_request_limit`] and its
     /// siblings).
     Code,
+    /// The adaptive waiting limit
+    /// ([`AdmissionConfig::adaptive_waiting_limit`]) sets it, between a
+    /// floor and a ceiling.
+    Adaptive {
+        /// The smallest limit.
+        floor: usize,
+        /// The largest limit.
+        ceiling: usize,
+    },
     /// Not set. A request limit then follows the engine: its reported
     /// `max_num_seqs` (twice that for the queue), or
     /// [`DEFAULT_ENGINE_LIMIT`] and [`DEFAULT_QUEUE_LIMIT`] until it
@@ -604,6 +805,9 @@ impl fmt::Display for LimitSource {
             LimitSource::Flag(flag) => write!(f, "flag {flag}"),
             LimitSource::Variable(variable) => write!(f, "variable {variable}"),
             LimitSource::Code => f.write_str("set in code"),
+            LimitSource::Adaptive { floor, ceiling } => {
+                write!(f, "adaptive: between {floor} and {ceiling}")
+            }
             LimitSource::Default => f.write_str("default"),
         }
     }

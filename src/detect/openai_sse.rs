@@ -1,6 +1,8 @@
 //! [`OpenAiSse`]: waiting ends at the first event of an OpenAI-compatible
 //! event stream that carries output.
 
+use std::ops::Range;
+
 use super::FirstTokenDetector;
 use super::media_type::media_type;
 use super::openai_json::object_ends_waiting;
@@ -215,7 +217,36 @@ const DATA_AFTER_BOM: &[u8] = b"\xEF\xBB\xBFdata";
 impl EventParser {
     /// Reads one frame; returns how many of its bytes it took to complete
     /// an event that ends waiting.
+    ///
+    /// An event whose data is one line that begins and ends in this frame
+    /// is judged where it lies in the frame, copying nothing: its data is
+    /// `pending`, a range of the frame (as if followed by its `\n`), until
+    /// the event is dispatched, another data line comes, or the frame ends;
+    /// only then is it copied into the buffer.
     fn feed(&mut self, frame: &[u8], max_event_bytes: usize) -> Option<usize> {
+        let mut pending: Option<Range<usize>> = None;
+        let decided = self.feed_lines(frame, max_event_bytes, &mut pending);
+        if decided.is_none() {
+            self.keep(frame, &mut pending, max_event_bytes);
+        }
+        decided
+    }
+
+    /// Copies `pending` data of `frame`, and the `\n` after it, into the
+    /// buffer.
+    fn keep(&mut self, frame: &[u8], pending: &mut Option<Range<usize>>, max_event_bytes: usize) {
+        if let Some(range) = pending.take() {
+            self.append_data(&frame[range], max_event_bytes);
+            self.append_data(b"\n", max_event_bytes);
+        }
+    }
+
+    fn feed_lines(
+        &mut self,
+        frame: &[u8],
+        max_event_bytes: usize,
+        pending: &mut Option<Range<usize>>,
+    ) -> Option<usize> {
         let mut index = 0;
         while index < frame.len() {
             let byte = frame[index];
@@ -226,7 +257,7 @@ impl EventParser {
             if byte == b'\r' || byte == b'\n' {
                 self.after_cr = byte == b'\r';
                 index += 1;
-                if self.end_line(max_event_bytes) {
+                if self.end_line(frame, max_event_bytes, pending) {
                     return Some(index);
                 }
                 continue;
@@ -254,13 +285,20 @@ impl EventParser {
                     let value = &rest[..len];
                     match self.field {
                         Field::Data => {
+                            // A second data line: the first is buffered.
+                            self.keep(frame, pending, max_event_bytes);
                             let room = max_event_bytes.saturating_sub(self.data.len());
                             if value.len() > room {
                                 // The byte after `room` more is the one that
                                 // crosses the bound.
                                 return Some(index + room + 1);
                             }
-                            self.append_data(value, max_event_bytes);
+                            if self.data.is_empty() && len < rest.len() {
+                                // The whole line is in this frame.
+                                *pending = Some(index..index + len);
+                            } else {
+                                self.append_data(value, max_event_bytes);
+                            }
                         }
                         Field::Event => self.event_value.push(value),
                         Field::Other => {}
@@ -273,20 +311,35 @@ impl EventParser {
     }
 
     /// The line just ended; returns whether it ended waiting.
-    fn end_line(&mut self, max_event_bytes: usize) -> bool {
+    fn end_line(
+        &mut self,
+        frame: &[u8],
+        max_event_bytes: usize,
+        pending: &mut Option<Range<usize>>,
+    ) -> bool {
         let position = std::mem::take(&mut self.position);
         if position == LinePosition::Start {
-            return self.dispatch();
+            return self.dispatch(frame, pending);
         }
         if position == LinePosition::Name {
             // A line without `:` is a field name with an empty value.
             self.field = self.field_named();
         }
         match std::mem::take(&mut self.field) {
+            // This line's value is the `pending` data (a data line with a
+            // value buffers any earlier one first): it stays pending, its
+            // `\n` implied, within the bound.
+            Field::Data
+                if position == LinePosition::Value
+                    && pending
+                        .as_ref()
+                        .is_some_and(|range| range.len() < max_event_bytes) => {}
             Field::Data => {
-                if self.data.len() >= max_event_bytes {
+                let len = pending.as_ref().map_or(self.data.len(), Range::len);
+                if len >= max_event_bytes {
                     return true;
                 }
+                self.keep(frame, pending, max_event_bytes);
                 self.append_data(b"\n", max_event_bytes);
             }
             Field::Event => {
@@ -322,11 +375,14 @@ impl EventParser {
         self.data.extend_from_slice(bytes);
     }
 
-    /// A blank line: dispatch the event read so far; returns whether it
-    /// ends waiting.
-    fn dispatch(&mut self) -> bool {
+    /// A blank line: dispatch the event read so far (its data `pending` in
+    /// `frame`, or buffered); returns whether it ends waiting.
+    fn dispatch(&mut self, frame: &[u8], pending: &mut Option<Range<usize>>) -> bool {
         self.past_first_line = true;
         let error_event = std::mem::take(&mut self.error_event);
+        if let Some(range) = pending.take() {
+            return error_event || event_ends_waiting(&frame[range]);
+        }
         if self.data.is_empty() {
             // No `data` line: nothing is dispatched (a keep-alive).
             return false;

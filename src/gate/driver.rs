@@ -65,6 +65,9 @@ struct Inner {
     /// Whether deadlines are on; only then is `clock` read.
     timed: bool,
     clock: Clock,
+    /// A stamp taken when the gate was built: what a queued request's
+    /// arrival stamp holds until it is stamped (see [`stamp_queued`]).
+    built: Stamp,
 }
 
 /// What the gate keeps for each queued request.
@@ -106,9 +109,9 @@ impl Gate {
     pub fn new(config: AdmissionConfig) -> Gate {
         // The clock calibrates on first use; pay for it here rather than in
         // the first request's path.
-        let _ = Stamp::now();
+        let built = Stamp::now();
         let observer = DefaultObserver::new(&config);
-        let timed = config.deadlines_enabled();
+        let timed = config.keeps_time();
         let clock = config.clock.clone();
         let gate = Gate {
             inner: Arc::new(Inner {
@@ -116,11 +119,12 @@ impl Gate {
                 observer,
                 timed,
                 clock,
+                built,
             }),
         };
         let state = gate.lock();
         let in_force = state.view().limits_in_force();
-        gate.end_event(state, Concerned::Everything);
+        gate.end_event(state, Concerned::Everything, DefaultObserver::ENABLED);
         log_limits(&in_force, "the gate was built");
         gate
     }
@@ -158,20 +162,30 @@ impl Gate {
     /// ```
     pub fn acquire_with(&self, descriptor: Descriptor) -> Acquire {
         // Read the clocks (observers', deadlines') before taking the lock.
-        let now = Stamp::now();
+        let observing = self.observing();
+        let now = Stamp::now_if(observing);
         let time = match descriptor.deadline {
             Some(_) if !self.inner.timed => Some(self.inner.clock.now()),
             _ => self.time(),
         };
         let mut state = self.lock();
+        let stamp = now.unwrap_or(self.inner.built);
         let waiter = Waiter {
             waker: None,
-            queued_at: now,
-            offered_at: now,
+            queued_at: stamp,
+            offered_at: stamp,
         };
         let (arrival, rank) = state.receive(&descriptor, time, waiter);
+        if let Arrival::Queued(ticket, _) = &arrival {
+            if DefaultObserver::ENABLED && now.is_none() {
+                // Nothing observed the arrival, but a recorder installed
+                // while it waits will want its queue wait: stamp it (a
+                // queued arrival only, so the fast path reads no clock).
+                stamp_queued(&mut state, *ticket);
+            }
+        }
         // An arrival offers nothing, so this only observes.
-        self.end_event(state, Concerned::tally_of(rank));
+        self.end_event(state, Concerned::tally_of(rank), observing);
         let step = match arrival {
             Arrival::Admitted(grant) => {
                 Step::Decided(Some(Ok(Permit::new(self.clone(), grant, now))))
@@ -197,7 +211,7 @@ impl Gate {
         let before = state.view().limits_in_force();
         if state.report_capacity(capacity) {
             let after = state.view().limits_in_force();
-            self.end_event(state, Concerned::Everything);
+            self.end_event(state, Concerned::Everything, DefaultObserver::ENABLED);
             // Engines report again and again; say so only when it matters.
             if after.per_rank != before.per_rank || after.ranks != before.ranks {
                 log_limits(&after, "the engine reported its capacity");
@@ -236,6 +250,41 @@ impl Gate {
         self.lock().view().limits()
     }
 
+    /// How saturated the whole worker is, from 0 (idle) to 1 (the next
+    /// request would be rejected): demand over what the gate can hold in
+    /// the engine and in its queue, `(e × E + q × Q) / (E + Q)` with `e`
+    /// the engine's fill (the fullest of its limits), `q` the queue's, `E`
+    /// and `Q` the combined engine request and queue limits. The same
+    /// value as the `saturation{dp_rank="unspecified"}` gauge (with
+    /// [`AdmissionConfig::saturation_metric`](crate::AdmissionConfig::saturation_metric)).
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, Gate};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let gate = Gate::new(AdmissionConfig::new().engine_request_limit(2).request_queue_limit(2));
+    /// assert_eq!(gate.saturation(), 0.0);
+    /// let _a = gate.acquire(None).await.unwrap();
+    /// let _b = gate.acquire(None).await.unwrap();
+    /// assert_eq!(gate.saturation(), 0.5); // the engine is full, the queue empty
+    /// let _c = gate.acquire(None);
+    /// let _d = gate.acquire(None);
+    /// assert_eq!(gate.saturation(), 1.0); // the next request is rejected
+    /// assert!(gate.acquire(None).await.is_err());
+    /// # });
+    /// ```
+    pub fn saturation(&self) -> f64 {
+        self.lock().saturation(None)
+    }
+
+    /// How saturated `rank` is, 0 to 1: the larger of the rank's own
+    /// saturation (its counts over its limits) and the worker's, since a
+    /// ranked request needs room in both. A rank the engine has not
+    /// reported is unranked: the worker's.
+    pub fn rank_saturation(&self, rank: u32) -> f64 {
+        self.lock().saturation(Some(rank))
+    }
+
     /// The gate's time, read before taking the lock; `None` unless
     /// deadlines are on.
     #[inline]
@@ -261,40 +310,58 @@ impl Gate {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the observer records events now; asked before the lock.
+    #[inline]
+    fn observing(&self) -> bool {
+        DefaultObserver::ENABLED && self.inner.observer.active()
+    }
+
     /// Ends a critical section: collects the wakers of the requests the
-    /// event admitted and what the observer should hear, releases the lock,
-    /// wakes, and observes.
-    fn end_event(&self, mut state: MutexGuard<'_, State<Waiter>>, concerned: Concerned) {
+    /// event admitted and, when `observing` (see
+    /// [`observing`](Self::observing), asked before the lock), what the
+    /// observer should hear; releases the lock, wakes, and observes.
+    fn end_event(
+        &self,
+        mut state: MutexGuard<'_, State<Waiter>>,
+        concerned: Concerned,
+        observing: bool,
+    ) {
         let mut wakers = Vec::new();
         let mut offered_ranks: Vec<Option<u32>> = Vec::new();
         if state.has_offers() {
-            take_offers(&mut state, &mut wakers, &mut offered_ranks);
+            take_offers(&mut state, &mut wakers, &mut offered_ranks, observing);
         }
-        if !DefaultObserver::ENABLED {
+        if !observing {
             drop(state);
             wake_all(wakers);
             return;
         }
         let observer = &self.inner.observer;
         match concerned {
-            Concerned::Bucket(event) => {
+            Concerned::Bucket(mut event) => {
+                // Controlled delay's rejections change tallies at any
+                // event, in the buckets of the offers.
+                event.tally_changed |= state.take_shed();
                 // Every bucket event advanced the state to its own time:
                 // ages on the gate's clock reuse that reading.
                 let read_at = state.event_time();
-                let collected = Observation::collect(&mut *state, event, offered_ranks, read_at);
+                let mut collected =
+                    Observation::collect(&mut *state, event, &offered_ranks, read_at);
                 drop(state);
                 wake_all(wakers);
                 let observation = collected.measure(&self.inner.clock);
-                if contain(|| observer.observe(&observation)) {
+                let refresh = contain(|| observer.observe(observation));
+                collected.recycle();
+                if refresh {
                     self.refresh_metrics();
                 }
             }
             Concerned::Everything => {
-                let collected = Configured::collect(&mut *state);
+                let mut collected = Configured::collect(&mut *state);
                 drop(state);
                 wake_all(wakers);
                 let configured = collected.measure(&self.inner.clock);
-                contain(|| observer.configured(&configured));
+                contain(|| observer.configured(configured));
             }
         }
     }
@@ -322,14 +389,18 @@ impl Gate {
     /// like any event. Without the `metrics` feature it does nothing.
     pub fn refresh_metrics(&self) {
         if DefaultObserver::ENABLED {
-            self.end_event(self.lock(), Concerned::Everything);
+            self.end_event(self.lock(), Concerned::Everything, true);
         }
     }
 
-    pub(crate) fn release(&self, grant: &mut Grant, finished: bool, admitted_at: Stamp) {
+    /// Ends a grant's waiting (`finished`: the whole request). `admitted_at`
+    /// is `None` when nothing observed its admission.
+    pub(crate) fn release(&self, grant: &mut Grant, finished: bool, admitted_at: Option<Stamp>) {
         // Read the clock (observers only) before taking the lock.
-        let engine_waiting = (DefaultObserver::ENABLED && grant.is_waiting())
-            .then(|| Stamp::now().since(admitted_at));
+        let observing = self.observing();
+        let engine_waiting = admitted_at
+            .filter(|_| observing && grant.is_waiting())
+            .map(|admitted_at| Stamp::now().since(admitted_at));
         let time = self.time();
         let mut state = self.lock();
         self.advance(&mut state, time);
@@ -344,7 +415,7 @@ impl Gate {
             queue_wait: None,
             engine_waiting,
         });
-        self.end_event(state, concerned);
+        self.end_event(state, concerned, observing);
     }
 }
 
@@ -365,12 +436,18 @@ fn log_limits(in_force: &LimitsInForce, why: &str) {
 }
 
 impl Observed for State<Waiter> {
+    #[inline]
     fn next_event(&mut self) -> u64 {
         State::next_event(self)
     }
 
+    #[inline]
     fn view(&self, rank: Option<u32>) -> BucketView {
         self.view().bucket(rank)
+    }
+
+    fn worker_saturation(&self) -> f64 {
+        State::saturation(self, None)
     }
 
     #[inline]
@@ -402,17 +479,31 @@ fn take_offers(
     state: &mut State<Waiter>,
     wakers: &mut Vec<Waker>,
     offered_ranks: &mut Vec<Option<u32>>,
+    observing: bool,
 ) {
+    // Stamped even while nothing observes: a recorder installed while the
+    // request runs records its waiting time from here.
     let now = Stamp::now();
     state.drain_offered(|rank, waiter| {
         waiter.offered_at = now;
         if let Some(waker) = waiter.waker.take() {
             wakers.push(waker);
         }
-        if DefaultObserver::ENABLED && !offered_ranks.contains(&rank) {
+        if observing && !offered_ranks.contains(&rank) {
             offered_ranks.push(rank);
         }
     });
+}
+
+/// Stamps the arrival of the queued request of `ticket`, whose arrival
+/// was not stamped (nothing observed it).
+#[cold]
+fn stamp_queued(state: &mut State<Waiter>, ticket: Ticket) {
+    if let Some(waiter) = state.payload_mut(ticket) {
+        let now = Stamp::now();
+        waiter.queued_at = now;
+        waiter.offered_at = now;
+    }
 }
 
 /// Wakes every waker; should one panic, the rest are still woken while
@@ -490,12 +581,13 @@ impl Acquire {
             return;
         };
         let gate = gate.clone();
+        let observing = gate.observing();
         let time = gate.time();
         let mut state = gate.lock();
         gate.advance(&mut state, time);
         match state.expire(*ticket) {
             Expiry::Rejected(overloaded, rank) => {
-                gate.end_event(state, Concerned::tally_of(rank));
+                gate.end_event(state, Concerned::tally_of(rank), observing);
                 self.step = Step::Decided(Some(Err(overloaded)));
             }
             Expiry::Decided | Expiry::Stale => {}
@@ -526,6 +618,7 @@ impl Future for Acquire {
             }
             Step::Done => panic!("Acquire polled after completion"),
             Step::Queued { gate, ticket, .. } => {
+                let observing = gate.observing();
                 let mut state = gate.lock();
                 match state.poll(*ticket) {
                     Polled::Waiting(waiter) => {
@@ -538,7 +631,7 @@ impl Future for Acquire {
                     Polled::Admitted(grant, waiter) => {
                         // The counts moved when the admission was offered;
                         // what is new is the tally and the queue wait.
-                        let observation = DefaultObserver::ENABLED.then(|| {
+                        let observation = observing.then(|| {
                             let event = BucketEvent {
                                 rank: state.view().grant_rank(&grant),
                                 tally_changed: true,
@@ -546,7 +639,7 @@ impl Future for Acquire {
                                 engine_waiting: None,
                             };
                             // A hand-over reads no time of the gate.
-                            Observation::collect(&mut *state, event, Vec::new(), None)
+                            Observation::collect(&mut *state, event, &[], None)
                         });
                         (grant, waiter.offered_at, observation)
                     }
@@ -564,20 +657,23 @@ impl Future for Acquire {
         let Step::Queued { gate, .. } = mem::replace(&mut this.step, Step::Done) else {
             unreachable!("matched above")
         };
-        if let Some(collected) = observation {
+        if let Some(mut collected) = observation {
             let observation = collected.measure(&gate.inner.clock);
             let observer = &gate.inner.observer;
-            if contain(|| observer.observe(&observation)) {
+            let refresh = contain(|| observer.observe(observation));
+            collected.recycle();
+            if refresh {
                 gate.refresh_metrics();
             }
         }
-        Poll::Ready(Ok(Permit::new(gate, grant, offered_at)))
+        Poll::Ready(Ok(Permit::new(gate, grant, Some(offered_at))))
     }
 }
 
 impl Drop for Acquire {
     fn drop(&mut self) {
         if let Step::Queued { gate, ticket, .. } = &self.step {
+            let observing = gate.observing();
             let time = gate.time();
             let mut state = gate.lock();
             gate.advance(&mut state, time);
@@ -585,7 +681,7 @@ impl Drop for Acquire {
             // the step becomes `Done`), but if it did it must not touch the
             // request that reuses its slot.
             if let Ok(rank) = state.cancel(*ticket) {
-                gate.end_event(state, Concerned::tally_of(rank));
+                gate.end_event(state, Concerned::tally_of(rank), observing);
             }
         }
     }

@@ -12,7 +12,7 @@ mod driver;
 pub(crate) mod observe;
 mod permit;
 pub(crate) mod state;
-mod types;
+pub(crate) mod types;
 
 pub use self::driver::{Acquire, Gate};
 pub use self::permit::Permit;

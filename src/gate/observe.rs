@@ -14,7 +14,7 @@ use super::types::{BandTally, Counts, Tally};
 use crate::config::{AdmissionConfig, Clock, Limits};
 
 /// One bucket — a rank, or the unranked requests — after an event.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) struct BucketView {
     /// The rank, `None` for the unranked requests.
@@ -22,11 +22,18 @@ pub(crate) struct BucketView {
     pub(crate) counts: Counts,
     pub(crate) tally: Tally,
     /// Each configured priority band, lowest first; `None` unless bands
-    /// are configured.
-    pub(crate) bands: Option<Box<[BandView]>>,
+    /// are configured. The buffer is a spare one ([`spare`]) and goes back
+    /// to the spares once observed, so observing allocates nothing.
+    pub(crate) bands: Option<Vec<BandView>>,
     /// How long the bucket's oldest queued request has waited, measured
     /// after the lock was released; `None` when its queue is empty.
     pub(crate) oldest_wait: Option<Duration>,
+    /// How saturated the bucket's rank is, 0 to 1; for the unranked
+    /// requests, the whole worker ([`Gate::saturation`](crate::Gate::saturation)).
+    pub(crate) saturation: f64,
+    /// When the bucket's oldest queued request arrived, read under the
+    /// lock; [`Collected::measure`] turns it into `oldest_wait`.
+    pub(crate) arrived: Option<Arrived>,
 }
 
 /// One configured priority band of a bucket.
@@ -57,6 +64,9 @@ pub(crate) struct Observation {
     /// Admission to first token or completion, for a request whose waiting
     /// the event ended.
     pub(crate) engine_waiting: Option<Duration>,
+    /// The whole worker's saturation after the event: every event changes
+    /// it, whichever bucket it concerned.
+    pub(crate) worker_saturation: f64,
 }
 
 /// The limits in force and every bucket, after the gate was built, the
@@ -82,6 +92,8 @@ pub(crate) trait Observed {
     fn next_event(&mut self) -> u64;
     /// The bucket of `rank` (`None`: the unranked requests) as it is now.
     fn view(&self, rank: Option<u32>) -> BucketView;
+    /// The whole worker's saturation, 0 to 1.
+    fn worker_saturation(&self) -> f64;
     /// When that bucket's oldest queued request arrived; `None` when its
     /// queue is empty.
     fn oldest_arrival(&self, rank: Option<u32>) -> Option<Arrived>;
@@ -126,9 +138,6 @@ impl BucketEvent {
 #[derive(Debug)]
 pub(crate) struct Collected<T> {
     observation: T,
-    /// When the oldest queued request of each bucket of the observation
-    /// arrived, in the order of [`Buckets::views`].
-    oldest: Vec<Option<Arrived>>,
     /// The gate's clock as the event read it, if it did: ages on that
     /// clock reuse the reading.
     read_at: Option<Instant>,
@@ -138,17 +147,23 @@ impl Observation {
     /// Reads what `event` changed: its bucket, and the other buckets among
     /// `offered_ranks` (whose queued requests it admitted). `read_at` is
     /// the gate's time the event was applied at, if it read one.
+    #[inline]
     pub(crate) fn collect(
         state: &mut impl Observed,
         event: BucketEvent,
-        offered_ranks: Vec<Option<u32>>,
+        offered_ranks: &[Option<u32>],
         read_at: Option<Instant>,
     ) -> Collected<Observation> {
-        let offered: Vec<BucketView> = offered_ranks
-            .into_iter()
-            .filter(|&offered| offered != event.rank)
-            .map(|offered| state.view(offered))
-            .collect();
+        let mut offered = Vec::new();
+        if offered_ranks.iter().any(|&offered| offered != event.rank) {
+            offered = spare::views();
+            offered.extend(
+                offered_ranks
+                    .iter()
+                    .filter(|&&offered| offered != event.rank)
+                    .map(|&offered| state.view(offered)),
+            );
+        }
         let observation = Observation {
             seq: state.next_event(),
             bucket: state.view(event.rank),
@@ -156,6 +171,7 @@ impl Observation {
             offered,
             queue_wait: event.queue_wait,
             engine_waiting: event.engine_waiting,
+            worker_saturation: state.worker_saturation(),
         };
         Collected::of(state, observation, read_at)
     }
@@ -195,32 +211,42 @@ impl Buckets for Configured {
 }
 
 impl<T: Buckets> Collected<T> {
+    #[inline]
     fn of(state: &impl Observed, mut observation: T, read_at: Option<Instant>) -> Self {
-        let oldest = observation
-            .views()
-            .map(|view| state.oldest_arrival(view.rank))
-            .collect();
+        for view in observation.views() {
+            view.arrived = state.oldest_arrival(view.rank);
+        }
         Collected {
             observation,
-            oldest,
             read_at,
         }
     }
 
     /// The observation, with the age of each bucket's oldest queued request
-    /// measured now. Call it after releasing the lock.
-    pub(crate) fn measure(mut self, clock: &Clock) -> T {
+    /// measured now. Call it after releasing the lock. (In place: an
+    /// observation is a few hundred bytes, and the hot path does not copy
+    /// it about.)
+    #[inline]
+    pub(crate) fn measure(&mut self, clock: &Clock) -> &T {
         let mut now = Now {
             clock,
             gate: self.read_at,
             stamp: None,
         };
-        for (view, oldest) in self.observation.views().zip(self.oldest) {
-            if let Some(arrived) = oldest {
+        for view in self.observation.views() {
+            if let Some(arrived) = view.arrived {
                 view.oldest_wait = Some(now.since(arrived));
             }
         }
-        self.observation
+        &self.observation
+    }
+}
+
+impl Collected<Observation> {
+    /// Gives the observation's buffers back to the spares, once observed.
+    #[inline]
+    pub(crate) fn recycle(self) {
+        self.observation.recycle();
     }
 }
 
@@ -233,7 +259,7 @@ impl<T: Buckets> Collected<T> {
 /// other gate measures on the observer's clock, from the stamp it takes at
 /// every arrival anyway (for `request_queue_wait_seconds`): recording the
 /// age costs an arrival nothing more.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Arrived {
     Gate(Instant),
     Stamp(Stamp),
@@ -266,6 +292,11 @@ pub(crate) trait Observer: Send + Sync + 'static {
     const ENABLED: bool;
 
     fn new(config: &AdmissionConfig) -> Self;
+    /// Whether the observer records events now: when it does not (a
+    /// metrics recorder is not installed yet), the driver neither collects
+    /// an event's observation nor reads a clock for it. Cheap (an atomic
+    /// load or two), and no user code: the driver asks before its lock.
+    fn active(&self) -> bool;
     fn configured(&self, configured: &Configured);
     /// Returns whether the observer wants the whole picture now (it has
     /// just registered its series): the driver then refreshes it, as
@@ -283,6 +314,10 @@ impl Observer for NoObserver {
 
     fn new(_: &AdmissionConfig) -> Self {
         NoObserver
+    }
+
+    fn active(&self) -> bool {
+        false
     }
 
     fn configured(&self, _: &Configured) {}
@@ -309,7 +344,7 @@ pub(crate) fn contain<T: Default>(observe: impl FnOnce() -> T) -> T {
 /// else the OS's monotonic clock): two reads per request are the largest
 /// cost metrics add to the gate's uncontended path, and the TSC is about
 /// three times cheaper than `std::time::Instant` here (see BENCHMARKS.md).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stamp {
     #[cfg(feature = "metrics")]
     at: quanta::Instant,
@@ -324,6 +359,13 @@ impl Stamp {
         }
     }
 
+    /// [`now`](Self::now) when `observing`, else `None`: an event the
+    /// observer does not record reads no clock.
+    #[inline]
+    pub(crate) fn now_if(observing: bool) -> Option<Stamp> {
+        observing.then(Stamp::now)
+    }
+
     /// Time from `earlier` to this stamp (zero if `earlier` is later).
     #[inline]
     pub(crate) fn since(self, earlier: Stamp) -> Duration {
@@ -334,5 +376,97 @@ impl Stamp {
             let _ = earlier;
             Duration::ZERO
         }
+    }
+}
+
+/// Spare buffers for observations, one set per thread: an observation
+/// takes its band views and its list of offered buckets from here and
+/// gives them back once observed ([`Observation::recycle`]), so that in a
+/// steady state observing allocates nothing. A buffer taken while another
+/// use on the same thread holds the spares (it cannot happen: no user code
+/// runs while they are borrowed) or after the thread's spares are gone is
+/// simply a new one.
+pub(crate) mod spare {
+    use std::cell::RefCell;
+
+    use super::{BandView, BucketView};
+
+    /// At most this many spare buffers of each kind are kept per thread.
+    const KEEP: usize = 8;
+
+    #[derive(Default)]
+    struct Spares {
+        bands: Vec<Vec<BandView>>,
+        views: Vec<Vec<BucketView>>,
+    }
+
+    thread_local! {
+        static SPARES: RefCell<Spares> = RefCell::new(Spares::default());
+    }
+
+    fn with<R>(use_them: impl FnOnce(&mut Spares) -> R) -> Option<R> {
+        SPARES
+            .try_with(|spares| {
+                let mut spares = spares.try_borrow_mut().ok()?;
+                Some(use_them(&mut spares))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// An empty buffer for band views.
+    pub(crate) fn bands() -> Vec<BandView> {
+        with(|spares| spares.bands.pop())
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// An empty buffer for bucket views.
+    pub(crate) fn views() -> Vec<BucketView> {
+        with(|spares| spares.views.pop())
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn give_back_bands(mut bands: Vec<BandView>) {
+        bands.clear();
+        if bands.capacity() > 0 {
+            with(|spares| {
+                if spares.bands.len() < KEEP {
+                    spares.bands.push(bands);
+                }
+            });
+        }
+    }
+
+    pub(crate) fn give_back_views(mut views: Vec<BucketView>) {
+        for view in views.drain(..) {
+            view.recycle();
+        }
+        if views.capacity() > 0 {
+            with(|spares| {
+                if spares.views.len() < KEEP {
+                    spares.views.push(views);
+                }
+            });
+        }
+    }
+}
+
+impl BucketView {
+    /// Gives the view's buffers back to the spares.
+    pub(crate) fn recycle(self) {
+        if let Some(bands) = self.bands {
+            spare::give_back_bands(bands);
+        }
+    }
+}
+
+impl Observation {
+    /// Gives the observation's buffers back to the spares, once observed.
+    #[inline]
+    pub(crate) fn recycle(self) {
+        self.bucket.recycle();
+        spare::give_back_views(self.offered);
     }
 }

@@ -17,12 +17,13 @@ use super::types::AdmitSource;
 pub struct Permit {
     gate: Gate,
     grant: Grant,
-    /// When the request was admitted, for the waiting-time histogram.
-    admitted_at: Stamp,
+    /// When the request was admitted, for the waiting-time histogram;
+    /// `None` when nothing observed its admission.
+    admitted_at: Option<Stamp>,
 }
 
 impl Permit {
-    pub(crate) fn new(gate: Gate, grant: Grant, admitted_at: Stamp) -> Self {
+    pub(crate) fn new(gate: Gate, grant: Grant, admitted_at: Option<Stamp>) -> Self {
         Permit {
             gate,
             grant,

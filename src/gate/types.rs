@@ -66,16 +66,21 @@ pub enum RejectionReason {
     /// It waited in a full queue and gave its place to an arrival of higher
     /// priority (SPEC §8): the newest request of the lowest band goes first.
     Displaced,
+    /// It waited in a standing queue longer than the queue delay target
+    /// ([`AdmissionConfig::queue_delay_target`](crate::AdmissionConfig::queue_delay_target)):
+    /// controlled delay sheds the standing queue. Always worker-scoped.
+    QueueDelay,
 }
 
 impl RejectionReason {
-    /// The `reason` label and header value: `"queue_full"`, `"deadline"`
-    /// or `"displaced"`.
+    /// The `reason` label and header value: `"queue_full"`, `"deadline"`,
+    /// `"displaced"` or `"queue_delay"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RejectionReason::QueueFull => "queue_full",
             RejectionReason::Deadline => "deadline",
             RejectionReason::Displaced => "displaced",
+            RejectionReason::QueueDelay => "queue_delay",
         }
     }
 }
@@ -88,6 +93,9 @@ pub struct Overloaded {
     pub(crate) reason: RejectionReason,
     /// The budget that ran out was the client's own deadline.
     pub(crate) client_deadline: bool,
+    /// When the worker should have room, for a worker-scoped rejection of
+    /// a gate that estimates it from its drain rate.
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl Overloaded {
@@ -107,6 +115,18 @@ impl Overloaded {
     pub fn client_deadline_passed(&self) -> bool {
         self.client_deadline
     }
+
+    /// When the worker should have room again: for a worker-scoped
+    /// rejection by a gate with
+    /// [`retry_after_from_drain_rate`](crate::AdmissionConfig::retry_after_from_drain_rate),
+    /// the requests queued at the rejection divided by the rate the queue
+    /// has drained at, rounded up to whole seconds, clamped to `[1 s,
+    /// max]`. `None` for rank-scoped rejections, when the estimate is off
+    /// (the default), and before a drain rate has been measured; the HTTP
+    /// layer then sends its fixed `Retry-After`.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
 }
 
 impl fmt::Display for Overloaded {
@@ -116,6 +136,9 @@ impl fmt::Display for Overloaded {
             RejectionReason::Deadline => "could not admit the request within its queue wait budget",
             RejectionReason::Displaced => {
                 "gave the request's queue place to a request of higher priority"
+            }
+            RejectionReason::QueueDelay => {
+                "has a standing queue: the request waited longer than the queue delay target"
             }
         };
         match self.scope {
@@ -394,6 +417,9 @@ pub struct Tally {
     pub displaced_rank: u64,
     /// Of the worker-scoped rejections, displaced requests.
     pub displaced_worker: u64,
+    /// Of the worker-scoped rejections, queued requests shed by controlled
+    /// delay ([`RejectionReason::QueueDelay`]; always worker-scoped).
+    pub shed_worker: u64,
     /// Requests cancelled while queued (including a cancellation that won a
     /// race against an admission offer).
     pub cancelled: u64,
@@ -441,6 +467,7 @@ impl Tally {
             displaced_worker: self
                 .displaced_worker
                 .saturating_sub(earlier.displaced_worker),
+            shed_worker: self.shed_worker.saturating_sub(earlier.shed_worker),
             cancelled: self.cancelled.saturating_sub(earlier.cancelled),
         }
     }
@@ -455,6 +482,7 @@ impl Tally {
         self.expired_worker += other.expired_worker;
         self.displaced_rank += other.displaced_rank;
         self.displaced_worker += other.displaced_worker;
+        self.shed_worker += other.shed_worker;
         self.cancelled += other.cancelled;
     }
 }

@@ -173,6 +173,11 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     /// elsewhere, short enough to come back once the burst has passed.
     /// Rank-scoped answers never carry one: the worker still has room for
     /// other ranks.
+    ///
+    /// With a gate that estimates it from its drain rate
+    /// ([`AdmissionConfig::retry_after_from_drain_rate`](crate::AdmissionConfig::retry_after_from_drain_rate)),
+    /// the estimate ([`Overloaded::retry_after`](crate::Overloaded::retry_after)) replaces `seconds`
+    /// whenever the gate has one; `None` still sends none.
     pub fn retry_after(mut self, seconds: Option<u32>) -> Self {
         self.answer.retry_after = seconds;
         self

@@ -45,11 +45,13 @@
 //!     `grpc-message`, and an empty body; a gRPC-Web request gets its own
 //!     `content-type` back;
 //!   - both carry `x-admission-rejection-scope: rank|worker`,
-//!     `x-admission-rejection-reason: queue_full|deadline|displaced`, and
-//!     `x-admission-rank: N` for rank scope. Worker-scoped rejections add
+//!     `x-admission-rejection-reason: queue_full|deadline|displaced|queue_delay`,
+//!     and `x-admission-rank: N` for rank scope. Worker-scoped rejections add
 //!     `retry-after: 1` (HTTP) or `grpc-retry-pushback-ms: 1000` (gRPC): a
 //!     frontend should route elsewhere for a second
-//!     ([`AdmissionLayer::retry_after`] changes or removes it). Rank-scoped
+//!     ([`AdmissionLayer::retry_after`] changes or removes it; a gate with
+//!     [`retry_after_from_drain_rate`](crate::AdmissionConfig::retry_after_from_drain_rate)
+//!     sends its estimate of when it will have room instead). Rank-scoped
 //!     ones do not: the worker still has room for other ranks.
 //!   - [`AdmissionLayer::overload_response`] replaces all of this with a
 //!     response of your own.

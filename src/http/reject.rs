@@ -19,7 +19,7 @@ pub const REJECTION_SCOPE: HeaderName = HeaderName::from_static("x-admission-rej
 pub const REJECTED_RANK: HeaderName = HeaderName::from_static("x-admission-rank");
 
 /// Response header naming why the request was rejected: `queue_full`,
-/// `deadline` or `displaced`.
+/// `deadline`, `displaced` or `queue_delay`.
 pub const REJECTION_REASON: HeaderName = HeaderName::from_static("x-admission-rejection-reason");
 
 /// Response header naming who wrote an error answer that a sidecar (the
@@ -55,7 +55,8 @@ pub(crate) struct OverloadResponder {
     pub(crate) status: StatusCode,
     pub(crate) grpc_code: u16,
     /// `Retry-After` (gRPC: `grpc-retry-pushback-ms`) on worker-scoped
-    /// rejections, in seconds; `None` sends none.
+    /// rejections, in seconds, unless the gate estimated one
+    /// ([`Overloaded::retry_after`]); `None` sends none.
     pub(crate) retry_after: Option<u32>,
     /// The user's own answer, replacing everything above.
     pub(crate) build: Option<BuildResponse>,
@@ -103,10 +104,17 @@ impl OverloadResponder {
         if let Some(build) = &self.build {
             return build(&overloaded, request);
         }
+        // The gate's estimate, when it made one, replaces the fixed value;
+        // a layer that sends none sends none.
+        let retry_after = self.retry_after.map(|fixed| {
+            overloaded.retry_after().map_or(fixed, |estimate| {
+                u32::try_from(estimate.as_secs()).unwrap_or(u32::MAX)
+            })
+        });
         match Protocol::of(&request.headers) {
-            Protocol::Http => http_answer(overloaded, self.status, self.retry_after),
+            Protocol::Http => http_answer(overloaded, self.status, retry_after),
             Protocol::Grpc(content_type) => {
-                grpc_answer(overloaded, self.grpc_code, self.retry_after, content_type)
+                grpc_answer(overloaded, self.grpc_code, retry_after, content_type)
             }
         }
     }

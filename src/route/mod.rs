@@ -7,7 +7,11 @@
 //! - a **worker-scoped** rejection (`x-admission-rejection-scope: worker`,
 //!   `Retry-After: 1`) takes the worker out of rotation for the
 //!   `Retry-After` time, at most one second; a later success ends that
-//!   early;
+//!   early. A gate with
+//!   [`retry_after_from_drain_rate`](crate::AdmissionConfig::retry_after_from_drain_rate)
+//!   sends longer estimates: [`WorkerLayer::max_cooldown`] and
+//!   [`OverloadRetry::max_retry_after`] cap what is honoured (1 s and 5 s
+//!   by default), raise them to follow it;
 //! - a **rank-scoped** one keeps the worker in rotation and marks the rank
 //!   busy for as long, so a rank-aware router picks another rank;
 //! - the request itself never reached the engine, so it may be sent again,

@@ -140,6 +140,8 @@ struct EngineInner {
     config: EngineConfig,
     ranks: Vec<RankHandle>,
     next_id: AtomicU64,
+    /// The step-time factor's bits (an `f64`), shared with every rank.
+    slowdown: Arc<AtomicU64>,
 }
 
 struct RankHandle {
@@ -187,11 +189,17 @@ impl SimEngine {
     #[track_caller]
     pub fn new(config: EngineConfig) -> SimEngine {
         config.validate();
+        let slowdown = Arc::new(AtomicU64::new(1.0f64.to_bits()));
         let ranks = (0..config.dp_ranks)
             .map(|_| {
                 let (commands, receiver) = mpsc::unbounded_channel();
                 let shared = Arc::new(RankShared::default());
-                time::spawn(run_rank(config.clone(), receiver, Arc::clone(&shared)));
+                time::spawn(run_rank(
+                    config.clone(),
+                    receiver,
+                    Arc::clone(&shared),
+                    Arc::clone(&slowdown),
+                ));
                 RankHandle { commands, shared }
             })
             .collect();
@@ -200,6 +208,7 @@ impl SimEngine {
                 config,
                 ranks,
                 next_id: AtomicU64::new(0),
+                slowdown,
             }),
         }
     }
@@ -207,6 +216,25 @@ impl SimEngine {
     /// The engine's configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
+    }
+
+    /// Slows every rank down (or speeds it up) from its next step on:
+    /// each step takes `factor ×` the time of [`EngineConfig::step_time`]
+    /// (2.0: half speed, as a longer decode or a throttled GPU; 1.0: as
+    /// configured). What the engine reports does not change: a gate learns
+    /// of it only by what it measures.
+    ///
+    /// # Panics
+    ///
+    /// If `factor` is not a positive, finite number.
+    pub fn set_slowdown(&self, factor: f64) {
+        assert!(
+            factor.is_finite() && factor > 0.0,
+            "the slowdown factor must be positive, not {factor}"
+        );
+        self.inner
+            .slowdown
+            .store(factor.to_bits(), Ordering::Relaxed);
     }
 
     /// What the engine reports to a gate.
@@ -373,6 +401,7 @@ async fn run_rank(
     config: EngineConfig,
     mut commands: mpsc::UnboundedReceiver<Command>,
     shared: Arc<RankShared>,
+    slowdown: Arc<AtomicU64>,
 ) {
     let mut scheduler = Scheduler::new(&config);
     let epoch = time::now();
@@ -397,6 +426,13 @@ async fn run_rank(
         let step = config
             .step_time
             .of(batch.prefill_tokens, batch.decode_tokens);
+        let factor = f64::from_bits(slowdown.load(Ordering::Relaxed));
+        // Exact when unchanged: no rounding through f64 by default.
+        let step = if factor == 1.0 {
+            step
+        } else {
+            step.mul_f64(factor)
+        };
         clock += step;
         time::sleep_until(epoch + clock.mul_f64(config.time_scale)).await;
         let finished = scheduler.complete(|sender, token| {
@@ -513,6 +549,24 @@ mod tests {
             }
             // No timer grid: 6029 µs of prefill, then 5759 µs per decode.
             assert_eq!(ends, [6029, 11788, 17547, 23306]);
+        });
+    }
+
+    #[test]
+    fn a_slowdown_stretches_every_step_from_the_next_one_on() {
+        VirtualRuntime::new().block_on(async {
+            let engine = SimEngine::new(EngineConfig::default());
+            let start = time::now();
+            let mut stream = engine.submit(request(16, 4)).unwrap();
+            stream.next_token().await.unwrap();
+            engine.set_slowdown(2.0);
+            let mut ends = Vec::new();
+            while stream.next_token().await.is_some() {
+                ends.push((time::now() - start).as_micros());
+            }
+            // The step under way when the first token came (it started at
+            // once) keeps its 5759 µs; the ones after take 2 × 5759 µs.
+            assert_eq!(ends, [11788, 23306, 34824]);
         });
     }
 

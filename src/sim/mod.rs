@@ -21,6 +21,10 @@
 //!   the seed's incident (chat traffic, then batch summarisation at twice
 //!   capacity) with no admission control, the FIFO gate and the gate with
 //!   priority bands, and weighted fairness between two tenants.
+//! - [`adaptive`]: the evaluation of the adaptive waiting limit of
+//!   `examples/adaptive.rs` — steady overload on an engine that reports
+//!   nothing, slowed to half speed mid-run ([`SimEngine::set_slowdown`])
+//!   and back, against a waiting limit sized by hand with Little's law.
 //! - [`VirtualRuntime`] and [`time`]: the virtual clock the simulations
 //!   run on.
 //!
@@ -53,6 +57,7 @@
 //! graph padding, swapping instead of recomputing, and per-request variation
 //! in step cost beyond the token counts.
 
+pub mod adaptive;
 mod config;
 mod engine;
 mod measure;

@@ -35,7 +35,7 @@ pub async fn within<F: std::future::Future>(future: F) -> F::Output {
 
 /// The admission variables of SPEC §5, §7, §8 and §9: cleared in every child, so that the
 /// developer's environment cannot change what a test sees.
-pub const ADMISSION_VARIABLES: [&str; 14] = [
+pub const ADMISSION_VARIABLES: [&str; 15] = [
     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
     "DYN_ENGINE_REQUEST_LIMIT",
     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
@@ -48,6 +48,7 @@ pub const ADMISSION_VARIABLES: [&str; 14] = [
     "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS",
     "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS",
     "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS",
+    "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
     "DYN_BACKEND_ADMISSION_PRIORITY_BANDS",
     "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS",
 ];

@@ -712,3 +712,34 @@ mod judge_agrees_with_the_value_oracle {
         }
     }
 }
+
+#[test]
+fn an_event_whole_in_its_frame_is_judged_in_place() {
+    let mut detector = OpenAiSse::new();
+    let role = event(&chat_delta(r#"{"role":"assistant"}"#));
+    assert_eq!(detector.on_data(&role), None);
+    assert_eq!(detector.parser.data.capacity(), 0, "nothing was copied");
+    // Split, its first part is buffered until the rest comes.
+    let (head, tail) = role.split_at(role.len() / 2);
+    assert_eq!(detector.on_data(head), None);
+    assert!(detector.parser.data.capacity() > 0, "the head was kept");
+    assert_eq!(detector.on_data(tail), None);
+    let token = event(&chat_delta(r#"{"content":"Hi"}"#));
+    assert_eq!(detector.on_data(&token), Some(token.len()));
+}
+
+#[test]
+fn several_data_lines_in_one_frame_are_joined_as_when_split() {
+    // The first line is judged in place until the second comes.
+    let role = b"data: {\"choices\":\ndata: [{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+    assert_interim(role);
+    // An empty data line after one in place adds its `\n`.
+    assert_interim(b"data: {\"choices\":[]}\ndata:\n\n");
+    assert_interim(b"data: {\"choices\":[]}\ndata\nid: 7\n\n");
+    let mut stream = role.to_vec();
+    stream.extend_from_slice(b"data: {\"choices\":\ndata: [{\"delta\":{\"content\":\"x\"}}]}\n\n");
+    assert_eq!(
+        decide_any_split(&OpenAiSse::new(), &stream),
+        Some(stream.len())
+    );
+}

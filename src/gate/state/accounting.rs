@@ -155,6 +155,19 @@ impl<T> State<T> {
                 .engine_waiting_tokens
                 .saturating_add(demand.prompt_tokens);
         }
+        if self.adaptive.is_some() {
+            // The admission filled its rank's waiting limit, or the
+            // worker's: the limit binds.
+            let limit = self.limits.engine_request_waiting_limit;
+            let rank_full = match key {
+                BucketKey::Unranked => false,
+                BucketKey::Rank(_) => self.bucket(key).counts.engine_waiting >= limit,
+            };
+            let worker_full = self.total.engine_waiting >= limit.saturating_mul(self.active_ranks);
+            if let Some(adaptive) = self.adaptive.as_mut().filter(|_| rank_full || worker_full) {
+                adaptive.bound();
+            }
+        }
         let (rank, generation) = match key {
             BucketKey::Unranked => (None, 0),
             BucketKey::Rank(rank) => (Some(rank), self.ranks[rank as usize].generation),
@@ -186,6 +199,13 @@ impl<T> State<T> {
             if let (Some(admitted_at), Some(now)) = (grant.admitted_at, self.now) {
                 let waited = now.saturating_duration_since(admitted_at).as_secs_f64();
                 self.mean_wait = Some(moving_average(self.mean_wait, waited));
+                if let Some(adaptive) = &mut self.adaptive {
+                    if adaptive.sample(admitted_at, now) {
+                        // A larger limit admits from the queue at the
+                        // dequeue below; a smaller one revokes nothing.
+                        self.limits.engine_request_waiting_limit = adaptive.limit();
+                    }
+                }
             }
         }
         let key = self.current_bucket(grant.held);
@@ -223,9 +243,18 @@ impl<T> State<T> {
         client: bool,
     ) -> Overloaded {
         self.count_band(bucket, rung, |band| band.rejected += 1);
-        let scope = self.rejection_scope(bucket);
+        let scope = match reason {
+            // A standing queue is the worker's, whatever its rank.
+            RejectionReason::QueueDelay => RejectionScope::Worker,
+            _ => self.rejection_scope(bucket),
+        };
         let expired = u64::from(reason == RejectionReason::Deadline);
         let displaced = u64::from(reason == RejectionReason::Displaced);
+        let shed = u64::from(reason == RejectionReason::QueueDelay);
+        let retry_after = match scope {
+            RejectionScope::Worker => self.drain_estimate(),
+            RejectionScope::Rank(_) => None,
+        };
         let tally = &mut self.bucket_mut(bucket).tally;
         match scope {
             RejectionScope::Rank(_) => {
@@ -237,12 +266,14 @@ impl<T> State<T> {
                 tally.rejected_worker += 1;
                 tally.expired_worker += expired;
                 tally.displaced_worker += displaced;
+                tally.shed_worker += shed;
             }
         }
         Overloaded {
             scope,
             reason,
             client_deadline: client,
+            retry_after,
         }
     }
 

@@ -70,6 +70,8 @@ pub(super) struct Bucket {
     /// Mean time between queue admissions while the queue is not empty
     /// (seconds, a moving average): how fast it drains.
     pub(super) drain_interval: Option<f64>,
+    /// Controlled delay's state of its queue.
+    pub(super) codel: super::codel::Codel,
 }
 
 impl<T> State<T> {

@@ -71,6 +71,28 @@ impl<T> State<T> {
         }
         budget
     }
+
+    /// When the worker should have room, for a worker-scoped rejection now:
+    /// every queued request over the worker's drain rate (the sum of its
+    /// queues' measured rates), in whole seconds rounded up, within `[1 s,
+    /// max]`. `None` unless the estimate is on and some queue has drained
+    /// at a measured rate.
+    pub(super) fn drain_estimate(&self) -> Option<Duration> {
+        let max = self.config.retry_after_from_drain_rate?;
+        let rate: f64 = std::iter::once(&self.unranked)
+            .chain(self.active_buckets())
+            .filter_map(|bucket| bucket.drain_interval)
+            .filter(|interval| *interval > 0.0)
+            .map(|interval| 1.0 / interval)
+            .sum();
+        if !(rate > 0.0 && rate.is_finite()) {
+            return None;
+        }
+        let seconds = (self.total.queued as f64 / rate).ceil();
+        let max = max.as_secs().max(1);
+        // `as` saturates: a huge estimate is the maximum.
+        Some(Duration::from_secs((seconds as u64).clamp(1, max)))
+    }
 }
 
 impl Bucket {

@@ -60,9 +60,12 @@ use super::types::{AdmitSource, Counts, Descriptor, Overloaded, RejectionReason,
 use crate::config::{AdmissionConfig, EngineCapacity, Limits};
 
 mod accounting;
+mod adaptive;
 mod buckets;
 mod budget;
+mod codel;
 mod queue;
+mod saturation;
 mod view;
 
 pub(crate) use self::accounting::Demand;
@@ -175,7 +178,8 @@ enum Status {
     Queued,
     /// Admitted from the queue; the waiter has not taken the grant yet.
     Offered(Grant),
-    /// Displaced from a full queue; the waiter has not heard yet.
+    /// Displaced from a full queue, or shed from a standing one
+    /// (controlled delay); the waiter has not heard yet.
     Displaced(Overloaded),
 }
 
@@ -233,6 +237,16 @@ pub(crate) struct State<T> {
     ladder: Ladder,
     /// Tenant weights other than 1.
     weights: HashMap<Tenant, u32>,
+    /// Controlled delay's settings, when a queue delay target is set.
+    codel: Option<codel::Settings>,
+    /// Whether controlled delay shed a request since the driver last
+    /// asked ([`State::take_shed`]).
+    shed: bool,
+    /// Whether some queue is shedding (controlled delay).
+    codel_shedding: bool,
+    /// The adaptive waiting limit, when it is on: it sets
+    /// `limits.engine_request_waiting_limit`.
+    adaptive: Option<adaptive::Adaptive>,
 }
 
 impl<T> State<T> {
@@ -260,8 +274,25 @@ impl<T> State<T> {
             mean_wait: None,
             ladder,
             weights,
+            codel: None,
+            shed: false,
+            codel_shedding: false,
+            adaptive: None,
         };
-        state.timed = state.config.deadlines_enabled();
+        state.codel = state
+            .config
+            .queue_delay_target
+            .map(|target| codel::Settings {
+                target,
+                interval: state.config.queue_delay_interval_in_force(),
+            });
+        state.timed = state.config.keeps_time();
+        if let Some(params) = state.config.adaptive_waiting_limit {
+            let adaptive =
+                adaptive::Adaptive::new(params, state.limits.engine_request_waiting_limit);
+            state.limits.engine_request_waiting_limit = adaptive.limit();
+            state.adaptive = Some(adaptive);
+        }
         if let Some(capacity) = capacity {
             state.report_capacity(capacity);
         }
@@ -300,6 +331,10 @@ impl<T> State<T> {
         demand: Demand,
         payload: T,
     ) -> Arrival {
+        if self.codel.is_some() {
+            // A standing queue sheds before the newcomer joins it.
+            self.dequeue();
+        }
         self.bucket_mut(bucket).tally.received += 1;
         let rung = self.ladder.rung(descriptor.priority);
         let tenant = descriptor.tenant;
@@ -443,6 +478,13 @@ impl<T> State<T> {
         }
     }
 
+    /// The payload of the request of `ticket`, whatever became of it,
+    /// unless the ticket is stale.
+    pub(crate) fn payload_mut(&mut self, ticket: Ticket) -> Option<&mut T> {
+        self.live(ticket)?;
+        Some(&mut self.entries[ticket.slot].payload)
+    }
+
     /// The request of `ticket` is cancelled. Still queued, it leaves its
     /// queue; already offered, the cancellation wins: the offered capacity
     /// is released and passes on to the next waiter. Either way the request
@@ -515,6 +557,12 @@ impl<T> State<T> {
         };
         self.capacity = Some(capacity);
         self.limits = self.config.limits_for(Some(capacity));
+        if let Some(adaptive) = &mut self.adaptive {
+            // The reported limit is the ceiling; the controller sets the
+            // limit in force.
+            adaptive.set_limit(self.limits.engine_request_waiting_limit);
+            self.limits.engine_request_waiting_limit = adaptive.limit();
+        }
         if ranks > self.ranks.len() {
             self.ranks.resize_with(ranks, Bucket::default);
         }
@@ -547,6 +595,12 @@ impl<T> State<T> {
         const KEEP: usize = 64;
         offered.shrink_to(KEEP);
         self.offered = offered;
+    }
+
+    /// Whether controlled delay shed a queued request since the last call:
+    /// the tallies of the buckets of the offers changed.
+    pub(crate) fn take_shed(&mut self) -> bool {
+        std::mem::take(&mut self.shed)
     }
 
     /// Whether any request was offered an admission since the last drain.
@@ -609,6 +663,9 @@ impl<T> State<T> {
     /// queue, so long prompts are never starved.
     #[inline]
     fn dequeue(&mut self) {
+        // Controlled delay first: a request that waited too long in a
+        // standing queue is shed, not admitted late.
+        self.control_delay();
         if self.total.queued > 0 {
             self.dequeue_slow();
         }
@@ -663,6 +720,8 @@ impl<T> State<T> {
     }
 }
 
+#[cfg(test)]
+mod adaptive_tests;
 #[cfg(test)]
 mod observe_tests;
 #[cfg(test)]

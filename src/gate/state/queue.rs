@@ -388,18 +388,33 @@ impl Band {
 
     /// Rebuilds the heap when stale entries outnumber the live ones, and
     /// gives back the room of flows gone: amortised O(1) per event.
+    ///
+    /// The heap is rebuilt in its own buffer, which is given back only when
+    /// it is more than twice the room a rebuilt heap grows to: a steady
+    /// stream of arrivals and cancellations, whose stale entries bring a
+    /// rebuild every few events, allocates nothing.
     fn compact(&mut self, nodes: &impl Nodes) {
         const SLACK: usize = 16;
         let live = self.flows.len();
         if self.heads.len() > 2 * live + SLACK {
             let mut heads = std::mem::take(&mut self.heads).into_vec();
             heads.clear();
-            heads.shrink_to(2 * live + SLACK);
-            self.heads = BinaryHeap::from(heads);
-            let tenants: Vec<Option<Tenant>> = self.flows.keys().copied().collect();
-            for tenant in tenants {
-                self.push_head(nodes, tenant);
+            if heads.capacity() > 2 * (2 * live + SLACK + 1) {
+                heads.shrink_to(2 * live + SLACK);
             }
+            for (&tenant, flow) in &self.flows {
+                if let Some(head) = flow.fifo.head {
+                    heads.push(Reverse((
+                        flow.head_start,
+                        nodes.node(head).seq,
+                        head,
+                        tenant,
+                    )));
+                }
+            }
+            // Every entry differs (by arrival), so the order is the same
+            // as pushing them one by one.
+            self.heads = BinaryHeap::from(heads);
         }
         if self.flows.capacity() > 4 * live + SLACK {
             self.flows.shrink_to(2 * live + SLACK);

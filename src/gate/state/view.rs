@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use super::buckets::{Bucket, BucketKey};
 use super::{Grant, State};
-use crate::config::{EngineCapacity, Limits, LimitsInForce};
-use crate::gate::observe::{BandView, BucketView};
+use crate::config::{EngineCapacity, LimitSource, Limits, LimitsInForce};
+use crate::gate::observe::{BandView, BucketView, spare};
 use crate::gate::types::{Counts, Snapshot, Tally};
 
 /// The state, read-only: what observers and snapshots are told.
@@ -41,6 +41,7 @@ impl<T> State<T> {
 
     /// Numbers the event just applied, for observers: later events get
     /// higher numbers.
+    #[inline]
     pub(crate) fn next_event(&mut self) -> u64 {
         self.events += 1;
         self.events
@@ -64,6 +65,8 @@ impl<'a, T> View<'a, T> {
             tally: bucket.tally,
             bands: bucket.band_views(state.ladder.configured_bands()),
             oldest_wait: None,
+            saturation: state.saturation(rank),
+            arrived: None,
         }
     }
 
@@ -108,11 +111,16 @@ impl<'a, T> View<'a, T> {
     /// The limits in force, per rank and combined, with their sources.
     pub(crate) fn limits_in_force(self) -> LimitsInForce {
         let state = self.state;
+        let mut sources = state.config.sources;
+        if let Some(adaptive) = &state.adaptive {
+            let (floor, ceiling) = adaptive.bounds();
+            sources.engine_request_waiting_limit = LimitSource::Adaptive { floor, ceiling };
+        }
         LimitsInForce {
             per_rank: state.limits,
             ranks: state.recognised_ranks().max(1),
             capacity: state.capacity,
-            sources: state.config.sources,
+            sources,
         }
     }
 
@@ -172,12 +180,16 @@ impl<'a, T> View<'a, T> {
 impl Bucket {
     /// Each of the `configured` bands, lowest first: its queued requests
     /// and its tally. `None` without configured bands.
+    ///
+    /// The buffer is a spare one (see [`spare`]): in a steady state this
+    /// allocates nothing.
     #[inline]
-    fn band_views(&self, configured: usize) -> Option<Box<[BandView]>> {
+    fn band_views(&self, configured: usize) -> Option<Vec<BandView>> {
         if configured == 0 {
             return None;
         }
-        let mut bands = vec![BandView::default(); configured];
+        let mut bands = spare::bands();
+        bands.resize(configured, BandView::default());
         for (band, tally) in bands.iter_mut().zip(&self.bands) {
             band.tally = *tally;
         }
@@ -185,6 +197,6 @@ impl Bucket {
         for (rung, queued) in self.queue.band_lengths() {
             bands[rung as usize].queued = queued;
         }
-        Some(bands.into_boxed_slice())
+        Some(bands)
     }
 }

@@ -14,6 +14,7 @@
 //! | [`GateSizedForObjective`](System::GateSizedForObjective) | the same, and a request queue limit sized by Little's law for the first-token objective: the queue a rank drains within the objective's slack |
 //! | [`GateTtftObjective`](System::GateTtftObjective) | the gate with the run's first-token objective as its [`ttft_objective`](AdmissionConfig::ttft_objective), on the simulator's clock, and no queue tuning |
 //! | [`GateTokenBudget`](System::GateTokenBudget) | the gate with an engine waiting token limit of [`Calibration::token_budget`]: the objective × the engine's prefill rate |
+//! | [`GateControlledDelay`](System::GateControlledDelay) | the gate with controlled delay ([`AdmissionConfig::queue_delay_target`]) at [`CONTROLLED_DELAY_TARGET`] (50 ms), on the simulator's clock, and the default queue limit |
 //!
 //! The gate is asked with a [`Descriptor`](crate::Descriptor): the request's rank and its
 //! [`Cost`](crate::Cost) (prompt tokens, and its output length as `max_tokens`). A
@@ -93,11 +94,17 @@ pub enum System {
     /// The gate with an engine waiting token limit sized for the
     /// first-token objective ([`Calibration::token_budget`]).
     GateTokenBudget,
+    /// The gate with controlled delay at [`CONTROLLED_DELAY_TARGET`], on
+    /// the simulator's clock: a burst may queue, a standing queue is shed.
+    GateControlledDelay,
 }
+
+/// The queue delay target of [`System::GateControlledDelay`].
+pub const CONTROLLED_DELAY_TARGET: Duration = Duration::from_millis(50);
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 9] = [
+    pub const ALL: [System; 10] = [
         System::NoAdmission,
         System::ConcurrencyLimit,
         System::TgiSemaphore,
@@ -107,6 +114,7 @@ impl System {
         System::GateSizedForObjective,
         System::GateTtftObjective,
         System::GateTokenBudget,
+        System::GateControlledDelay,
     ];
 
     /// What a user would pick instead of this crate.
@@ -129,6 +137,7 @@ impl System {
             System::GateSizedForObjective => "gate, sized for TTFT",
             System::GateTtftObjective => "gate with TTFT objective",
             System::GateTokenBudget => "gate with token budget",
+            System::GateControlledDelay => "gate, controlled delay",
         }
     }
 
@@ -141,6 +150,7 @@ impl System {
                 | System::GateSizedForObjective
                 | System::GateTtftObjective
                 | System::GateTokenBudget
+                | System::GateControlledDelay
         )
     }
 }
@@ -491,6 +501,13 @@ pub fn gate_config(
                 .gate
                 .clone()
                 .engine_waiting_token_limit(calibration.token_budget),
+        ),
+        System::GateControlledDelay => Some(
+            config
+                .gate
+                .clone()
+                .queue_delay_target(CONTROLLED_DELAY_TARGET)
+                .clock(|| time::now().into_std()),
         ),
         System::NoAdmission | System::ConcurrencyLimit | System::TgiSemaphore | System::VllmCap => {
             None

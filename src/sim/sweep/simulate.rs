@@ -263,7 +263,8 @@ pub(super) async fn simulate(
         | System::GateLittlesLaw
         | System::GateSizedForObjective
         | System::GateTtftObjective
-        | System::GateTokenBudget => {
+        | System::GateTokenBudget
+        | System::GateControlledDelay => {
             let gate = Gate::new(gate_config(system, config, calibration).expect("a gate system"));
             engine.report_to(&gate);
             Front::Gate(gate, engine.clone())
