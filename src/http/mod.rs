@@ -312,26 +312,18 @@
 //!
 //! [`Gate`]: crate::Gate
 
-mod admitted;
-mod body;
-mod bypass;
+mod admission;
 mod cost;
 mod describe;
 mod estimate;
-mod first_token;
-mod future;
-mod layer;
 mod qos;
 mod rank;
 mod reject;
-mod service;
-#[cfg(feature = "tonic")]
-mod tonic;
 
-pub use self::body::ResponseBody;
-
-pub use self::admitted::Admitted;
-pub use self::bypass::{Bypass, BypassPaths, NoBypass};
+pub use self::admission::{
+    Admission, AdmissionLayer, Admitted, Bypass, BypassPaths, FirstToken, NoBypass, ResponseBody,
+    ResponseFuture,
+};
 pub use self::cost::{
     CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONCURRENT_READS, DEFAULT_READ_TIMEOUT, OpenAiCost, OpenAiCostLayer, SetCost,
@@ -339,13 +331,9 @@ pub use self::cost::{
 pub use self::describe::{
     ByRank, CostExtension, DeadlineHeader, Describe, GrpcTimeout, QosExtension,
 };
-pub use self::first_token::FirstToken;
-pub use self::future::ResponseFuture;
-pub use self::layer::AdmissionLayer;
 pub use self::qos::{Priority, Qos, QosExtractor, QosHeaders, QosLayer, SetQos};
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
 pub use self::reject::{ORIGIN, REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};
-pub use self::service::Admission;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

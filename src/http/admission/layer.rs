@@ -6,13 +6,13 @@ use bytes::Bytes;
 use http::{Response, StatusCode, request};
 use tower_layer::Layer;
 
+use super::Admission;
 use super::bypass::NoBypass;
-use super::describe::{DeadlineHeader, Describer, GrpcTimeout};
-use super::qos::QosHeaders;
-use super::reject::OverloadResponder;
-use super::{Admission, NoRank};
 use crate::detect::{Auto, FirstTokenDetector};
 use crate::gate::{Gate, Overloaded};
+use crate::http::describe::{DeadlineHeader, Describer, GrpcTimeout};
+use crate::http::reject::OverloadResponder;
+use crate::http::{NoRank, QosHeaders};
 
 /// Applies [`Admission`] to a service: admission control through one
 /// shared [`Gate`].
@@ -22,11 +22,11 @@ use crate::gate::{Gate, Overloaded};
 /// admits through the same gate. Create the gate once per worker, outside
 /// the layer.
 ///
-/// See the [module docs](super) for an example.
+/// See the [module docs](crate::http) for an example.
 ///
 /// Each request is described to the gate once, by the layer's describer
-/// (see [`Describe`](super::Describe)): the [`Cost`](crate::Cost),
-/// [`Priority`](super::Priority) and [`Tenant`](crate::Tenant) extensions
+/// (see [`Describe`](crate::http::Describe)): the [`Cost`](crate::Cost),
+/// [`Priority`](crate::http::Priority) and [`Tenant`](crate::Tenant) extensions
 /// always, then what [`qos_headers`](Self::qos_headers), [`rank`](Self::rank),
 /// [`grpc_timeout`](Self::grpc_timeout) and
 /// [`deadline_header`](Self::deadline_header) turn on, then whatever
@@ -72,7 +72,7 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
 
     /// Lets the requests `bypass` picks skip the gate: they are neither
     /// counted, queued nor rejected. For health checks and reflection when
-    /// the layer wraps a whole server; see [`Bypass`](super::Bypass).
+    /// the layer wraps a whole server; see [`Bypass`](crate::http::Bypass).
     pub fn bypass<P2>(self, bypass: P2) -> AdmissionLayer<D, R, P2, X> {
         AdmissionLayer {
             gate: self.gate,
@@ -84,8 +84,8 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     }
 
     /// Reads each request's data-parallel rank with `rank`, a
-    /// [`RankExtractor`](super::RankExtractor) such as
-    /// [`RankHeader`](super::RankHeader). Ranks must come from a trusted
+    /// [`RankExtractor`](crate::http::RankExtractor) such as
+    /// [`RankHeader`](crate::http::RankHeader). Ranks must come from a trusted
     /// router, not from end users.
     ///
     /// The shorthand for the rank part of the layer's describer: it
@@ -102,9 +102,9 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     }
 
     /// Describes each request further with `describer`, a
-    /// [`Describe`](super::Describe): a closure
+    /// [`Describe`](crate::http::Describe): a closure
     /// `Fn(&Request<B>, &mut Descriptor)`, a built-in reader such as
-    /// [`CostHeader`](super::CostHeader), or a tuple of them. It runs after
+    /// [`CostHeader`](crate::http::CostHeader), or a tuple of them. It runs after
     /// everything the layer already describes, so what it fills in wins;
     /// calling `describe` again adds another after it.
     ///
@@ -216,7 +216,7 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     /// Honours a gRPC request's `grpc-timeout`: the request waits in the
     /// queue no longer; if its deadline passes there, it is answered
     /// `DEADLINE_EXCEEDED` at once. Off by default. The shorthand for
-    /// adding [`GrpcTimeout`](super::GrpcTimeout) to the layer's describer.
+    /// adding [`GrpcTimeout`](crate::http::GrpcTimeout) to the layer's describer.
     pub fn grpc_timeout(mut self) -> Self {
         self.describer.grpc_timeout = Some(GrpcTimeout);
         self
@@ -226,7 +226,7 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     /// `name`, in milliseconds from arrival: the request waits in the queue
     /// no longer, and is answered with an overload of reason `deadline` if
     /// it passes there. Off by default. The shorthand for adding
-    /// [`DeadlineHeader`](super::DeadlineHeader) to the layer's describer
+    /// [`DeadlineHeader`](crate::http::DeadlineHeader) to the layer's describer
     /// (with both this and [`grpc_timeout`](Self::grpc_timeout), the
     /// smaller deadline wins).
     ///
@@ -240,13 +240,13 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
 
     /// Reads each request's priority and tenant (SPEC §8) from the headers
     /// `headers` names, `x-admission-priority` and `x-admission-tenant` with
-    /// [`QosHeaders::default()`](super::QosHeaders), and sets them as the
-    /// request's [`Priority`](super::Priority) and
+    /// [`QosHeaders::default()`](crate::http::QosHeaders), and sets them as the
+    /// request's [`Priority`](crate::http::Priority) and
     /// [`Tenant`](crate::Tenant) extensions before admission, replacing any
     /// an earlier layer set. A malformed header is ignored: priority 0, no
     /// tenant, unless an earlier layer said otherwise. Off by default:
     /// without it the layer still honours the extensions, set by a
-    /// [`QosLayer`](super::QosLayer) or your own middleware.
+    /// [`QosLayer`](crate::http::QosLayer) or your own middleware.
     ///
     /// Take these headers from a trusted router only, never straight from
     /// end users: a client that sets its own priority jumps the queue.

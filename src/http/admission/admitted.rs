@@ -1,5 +1,5 @@
 //! [`Admitted`]: what an admitted request carries into the inner service,
-//! with its [`FirstToken`](super::FirstToken) handle.
+//! with its [`FirstToken`](crate::http::FirstToken) handle.
 
 use http::Request;
 
@@ -33,7 +33,7 @@ impl Admitted {
 }
 
 /// Marks `req` admitted: the [`Admitted`] and
-/// [`FirstToken`](super::FirstToken) extensions.
+/// [`FirstToken`](crate::http::FirstToken) extensions.
 pub(crate) fn admit<B>(req: &mut Request<B>, permit: Permit) -> Held {
     let admitted = Admitted::of(&permit);
     let (held, first_token) = Held::new(permit);

@@ -11,19 +11,20 @@ use tower_service::Service;
 
 use super::admitted::admit;
 use super::bypass::{Bypass, NoBypass};
-use super::describe::{Describe, Describer};
 use super::future::Deferred;
-use super::reject::OverloadResponder;
-use super::{NoRank, RankExtractor, ResponseBody, ResponseFuture};
+use super::{ResponseBody, ResponseFuture};
 use crate::detect::{Auto, FirstTokenDetector};
 use crate::gate::Gate;
+use crate::http::describe::{Describe, Describer};
+use crate::http::reject::OverloadResponder;
+use crate::http::{NoRank, RankExtractor};
 
 /// Admission control for an HTTP or gRPC service: each request is admitted,
 /// queued, or answered with an overload response before it reaches the
 /// inner service.
 ///
-/// Built by [`AdmissionLayer`](super::AdmissionLayer); see the
-/// [module docs](super) for how it behaves and composes.
+/// Built by [`AdmissionLayer`](crate::http::AdmissionLayer); see the
+/// [module docs](crate::http) for how it behaves and composes.
 #[derive(Debug, Clone)]
 pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass, X = ()> {
     pub(super) inner: S,

@@ -16,12 +16,12 @@ use tower_service::Service;
 use super::ResponseBody;
 use super::admitted::admit;
 use super::first_token::Held;
-use super::reject::OverloadResponder;
 use crate::detect::{Auto, FirstTokenDetector};
 use crate::gate::Acquire;
+use crate::http::reject::OverloadResponder;
 
 pin_project! {
-    /// Response future of [`Admission`](super::Admission).
+    /// Response future of [`Admission`](crate::http::Admission).
     ///
     /// Dropping it while the request is queued cancels the request and frees
     /// its queue place; dropping it after admission, before the response,

@@ -13,14 +13,14 @@ use super::first_token::Held;
 use crate::detect::{Auto, FirstTokenDetector};
 
 pin_project! {
-    /// Response body of [`Admission`](super::Admission).
+    /// Response body of [`Admission`](crate::http::Admission).
     ///
     /// For an admitted request it wraps the inner body and holds the
     /// request's [`Permit`](crate::Permit):
     ///
     /// * **waiting** capacity is released when the detector reports the
     ///   first generated token, when the handler calls
-    ///   [`FirstToken::mark`](super::FirstToken::mark), or when the body
+    ///   [`FirstToken::mark`](crate::http::FirstToken::mark), or when the body
     ///   completes;
     /// * **request** capacity is released when the body completes, fails, or
     ///   is dropped — whichever comes first, exactly once.
