@@ -39,16 +39,23 @@
 //!     .route_layer(AdmissionLayer::new(gate).qos_headers(QosHeaders::default()));
 //! # let _ = app;
 //! ```
+//!
+//! This file holds the vocabulary ([`Priority`], [`Qos`], [`QosExtractor`])
+//! and the header reader ([`QosHeaders`]); `layer.rs` the middleware
+//! ([`QosLayer`], [`SetQos`]).
 
 use std::fmt;
-use std::task::{Context, Poll};
 
 use http::{HeaderName, HeaderValue, Request};
-use tower_layer::Layer;
-use tower_service::Service;
 
 use crate::gate::Tenant;
 use crate::headers::single_value;
+
+mod layer;
+
+#[cfg(test)]
+use self::layer::set_qos;
+pub use self::layer::{QosLayer, SetQos};
 
 /// A request extension holding the request's priority (SPEC §8): higher is
 /// served first, 0 by default, negative marks sheddable work. Read by
@@ -284,80 +291,6 @@ fn parse_tenant(value: &HeaderValue) -> Option<Tenant> {
         return None;
     }
     Some(Tenant::new(name))
-}
-
-/// Sets each request's [`Priority`] and [`Tenant`] extensions with a
-/// [`QosExtractor`]; goes outside (before) the admission layer. What the
-/// extractor cannot tell leaves the extensions as they were.
-///
-/// ```
-/// use axum::{Router, routing::post};
-/// use tower_admission::http::{QosHeaders, QosLayer};
-/// use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
-///
-/// let gate = Gate::new(AdmissionConfig::new());
-/// let app: Router = Router::new()
-///     .route("/v1/chat/completions", post(|| async { "…" }))
-///     .route_layer(AdmissionLayer::new(gate))
-///     // Added last, so it runs first.
-///     .route_layer(QosLayer::new(QosHeaders::default()));
-/// # let _ = app;
-/// ```
-#[derive(Debug, Clone)]
-pub struct QosLayer<E> {
-    extractor: E,
-}
-
-impl<E> QosLayer<E> {
-    /// A layer that asks `extractor` for each request's priority and
-    /// tenant.
-    pub fn new(extractor: E) -> Self {
-        QosLayer { extractor }
-    }
-}
-
-impl<S, E: Clone> Layer<S> for QosLayer<E> {
-    type Service = SetQos<S, E>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        SetQos {
-            inner,
-            extractor: self.extractor.clone(),
-        }
-    }
-}
-
-/// The service of [`QosLayer`].
-#[derive(Debug, Clone)]
-pub struct SetQos<S, E> {
-    inner: S,
-    extractor: E,
-}
-
-impl<S, E, B> Service<Request<B>> for SetQos<S, E>
-where
-    S: Service<Request<B>>,
-    E: QosExtractor<B>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        set_qos(&self.extractor, &mut req);
-        self.inner.call(req)
-    }
-}
-
-/// Sets `req`'s [`Priority`] and [`Tenant`] extensions from what
-/// `extractor` finds: the one place both [`SetQos`] and the admission
-/// layer's own [`QosHeaders`] go through.
-pub(crate) fn set_qos<B>(extractor: &impl QosExtractor<B>, req: &mut Request<B>) {
-    extractor.qos(req).insert_into(req);
 }
 
 /// The priority and tenant in `req`'s extensions: priority 0 and no tenant
