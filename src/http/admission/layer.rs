@@ -216,7 +216,7 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     /// Honours a gRPC request's `grpc-timeout`: the request waits in the
     /// queue no longer; if its deadline passes there, it is answered
     /// `DEADLINE_EXCEEDED` at once. Off by default. The shorthand for
-    /// adding [`GrpcTimeout`](crate::http::GrpcTimeout) to the layer's describer.
+    /// adding [`GrpcTimeout`] to the layer's describer.
     pub fn grpc_timeout(mut self) -> Self {
         self.describer.grpc_timeout = Some(GrpcTimeout);
         self
@@ -226,7 +226,7 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     /// `name`, in milliseconds from arrival: the request waits in the queue
     /// no longer, and is answered with an overload of reason `deadline` if
     /// it passes there. Off by default. The shorthand for adding
-    /// [`DeadlineHeader`](crate::http::DeadlineHeader) to the layer's describer
+    /// [`DeadlineHeader`] to the layer's describer
     /// (with both this and [`grpc_timeout`](Self::grpc_timeout), the
     /// smaller deadline wins).
     ///

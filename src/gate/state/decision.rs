@@ -1,0 +1,107 @@
+//! What the state answers: the [`Ticket`] a queued request waits under,
+//! the [`Grant`] an admitted one holds, and the decisions on an arrival
+//! ([`Arrival`]), an expired budget ([`Expiry`]) and a waiter's look at its
+//! request ([`Polled`]).
+//!
+//! # Invariants
+//!
+//! * A ticket's `seq` is its slot's generation: a stale ticket never
+//!   matches the request that reuses its slot.
+//! * A grant releases its waiting and its request capacity at most once
+//!   each (its `holds_*` flags), and only through the state.
+
+use std::time::Instant;
+
+#[cfg(doc)]
+use super::State;
+use super::accounting::Demand;
+use super::buckets::Held;
+use crate::gate::types::{AdmitSource, Overloaded};
+
+/// Identifies a queued request while it waits: its slot in the entry slab
+/// and its arrival number. The arrival number is the slot's generation: a
+/// stale ticket (one whose request already left) never matches the request
+/// that reuses its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    pub(super) slot: usize,
+    pub(super) seq: u64,
+}
+
+/// Capacity held by one admitted request. Dropping a `Grant` without
+/// passing it to [`State::finish`] leaks its capacity: the driver wraps it in
+/// an RAII type.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub(super) held: Held,
+    pub(super) demand: Demand,
+    /// When it was admitted, if the gate keeps time.
+    pub(super) admitted_at: Option<Instant>,
+    pub(super) rank: Option<u32>,
+    pub(super) source: AdmitSource,
+    pub(super) holds_request: bool,
+    pub(super) holds_waiting: bool,
+}
+
+impl Grant {
+    /// The rank the request was admitted on (`None` when unranked).
+    pub(crate) fn rank(&self) -> Option<u32> {
+        self.rank
+    }
+
+    pub(crate) fn source(&self) -> AdmitSource {
+        self.source
+    }
+
+    /// Whether the grant still holds waiting capacity.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.holds_waiting
+    }
+
+    /// Whether the grant still holds anything.
+    pub(crate) fn is_released(&self) -> bool {
+        !self.holds_request && !self.holds_waiting
+    }
+}
+
+/// The gate's answer to an arrival.
+#[derive(Debug)]
+pub(crate) enum Arrival {
+    /// Admitted at once; the grant holds its capacity.
+    Admitted(Grant),
+    /// Waiting in a queue, until the instant its queue wait budget ends, if
+    /// it has one. Poll it with [`State::poll`], cancel it with
+    /// [`State::cancel`], expire it with [`State::expire`].
+    Queued(Ticket, Option<Instant>),
+    /// Rejected: its queue was full, or it could not be admitted within its
+    /// queue wait budget.
+    Rejected(Overloaded),
+}
+
+/// What became of a request whose queue wait budget ran out.
+#[derive(Debug)]
+pub(crate) enum Expiry {
+    /// It left the queue, rejected for its deadline; counted under this
+    /// rank (`None`: unranked).
+    Rejected(Overloaded, Option<u32>),
+    /// It had been offered an admission, or displaced, already: that
+    /// decision stands.
+    Decided,
+    /// The ticket is stale.
+    Stale,
+}
+
+/// The state of a queued request, as seen by its waiter.
+#[derive(Debug)]
+pub(crate) enum Polled<'a, T> {
+    /// Admitted from the queue; the ticket is spent and its payload given
+    /// back.
+    Admitted(Grant, T),
+    /// Displaced from its queue (counted as rejected already); the ticket is
+    /// spent and its payload given back.
+    Rejected(Overloaded, T),
+    /// Still queued (or offered, when the offer has not been drained yet).
+    Waiting(&'a mut T),
+    /// The ticket is stale: its request already left the queue.
+    Stale,
+}
