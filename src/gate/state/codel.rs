@@ -48,8 +48,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::buckets::BucketKey;
-use super::{State, Status};
+use super::{BucketKey, State, Status};
 use crate::gate::types::RejectionReason;
 
 /// The settings of controlled delay, when it is on.
