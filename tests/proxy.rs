@@ -976,7 +976,7 @@ async fn the_binary_takes_its_capacity_from_the_flag_and_drains_on_sigterm() {
     // The engine never reports: /props here says one slot, and the flag
     // wins anyway. Wait for the queue through the sidecar's own metrics.
     let deadline = tokio::time::Instant::now() + support::PATIENCE;
-    loop {
+    let text = loop {
         let text = within(client.get(format!("{url}/metrics")).send())
             .await
             .unwrap()
@@ -988,14 +988,27 @@ async fn the_binary_takes_its_capacity_from_the_flag_and_drains_on_sigterm() {
             tower_admission::metrics::DEFAULT_PREFIX
         );
         if text.contains(&queued_line) {
-            break;
+            break text;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
             "never queued:\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    };
+    // The sidecar records the saturation gauge for routers and autoscalers:
+    // with its one slot taken and a request queued the worker is busy.
+    let saturation = text
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(&format!(
+                "{}_saturation{{dp_rank=\"unspecified\"}} ",
+                tower_admission::metrics::DEFAULT_PREFIX
+            ))
+        })
+        .unwrap_or_else(|| panic!("no saturation gauge:\n{text}"));
+    let saturation: f64 = saturation.parse().unwrap();
+    assert!(saturation > 0.0 && saturation <= 1.0, "{saturation}");
 
     process.terminate();
     let queued = within(queued).await.unwrap();

@@ -197,7 +197,9 @@ async fn main() -> ExitCode {
     let mut config = args
         .admission
         .resolve()
-        .metrics_prefix(&args.metrics_prefix);
+        .metrics_prefix(&args.metrics_prefix)
+        // The one series a router or an autoscaler reads (docs/deployment.md).
+        .saturation_metric(true);
     let flagged = args.max_num_seqs.map(|seqs| {
         let ranks = args.data_parallel_size.map_or(1, NonZeroUsize::get);
         EngineCapacity::new(seqs.get(), ranks)
