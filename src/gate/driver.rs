@@ -91,8 +91,8 @@ enum Concerned {
 impl Concerned {
     /// An event that changed the tally of `rank`'s bucket (and perhaps its
     /// counts), measuring no duration.
-    fn tally_of(rank: Option<u32>) -> Self {
-        Concerned::Bucket(BucketEvent::tally_of(rank))
+    fn tally_of(rank: Option<u32>, read_at: Option<Instant>) -> Self {
+        Concerned::Bucket(BucketEvent::tally_of(rank, read_at))
     }
 }
 
@@ -164,9 +164,12 @@ impl Gate {
         // Read the clocks (observers', deadlines') before taking the lock.
         let observing = self.observing();
         let now = Stamp::now_if(observing);
-        let time = match descriptor.deadline {
+        let time = self.time();
+        // A gate that keeps no time still starts a client's deadline at
+        // the arrival.
+        let arrived_at = match descriptor.deadline {
             Some(_) if !self.inner.timed => Some(self.inner.clock.now()),
-            _ => self.time(),
+            _ => time,
         };
         let mut state = self.lock();
         let stamp = now.unwrap_or(self.inner.built);
@@ -175,7 +178,7 @@ impl Gate {
             queued_at: stamp,
             offered_at: stamp,
         };
-        let (arrival, rank) = state.receive(&descriptor, time, waiter);
+        let (arrival, rank) = state.receive(&descriptor, arrived_at, waiter);
         if let Arrival::Queued(ticket, _) = &arrival {
             if DefaultObserver::ENABLED && now.is_none() {
                 // Nothing observed the arrival, but a recorder installed
@@ -185,7 +188,7 @@ impl Gate {
             }
         }
         // An arrival offers nothing, so this only observes.
-        self.end_event(state, Concerned::tally_of(rank), observing);
+        self.end_event(state, Concerned::tally_of(rank, time), observing);
         let step = match arrival {
             Arrival::Admitted(grant) => {
                 Step::Decided(Some(Ok(Permit::new(self.clone(), grant, now))))
@@ -207,9 +210,8 @@ impl Gate {
     pub fn report_capacity(&self, capacity: EngineCapacity) {
         let time = self.time();
         let mut state = self.lock();
-        self.advance(&mut state, time);
         let before = state.view().limits_in_force();
-        if state.report_capacity(capacity) {
+        if state.report_capacity(capacity, time) {
             let after = state.view().limits_in_force();
             self.end_event(state, Concerned::Everything, DefaultObserver::ENABLED);
             // Engines report again and again; say so only when it matters.
@@ -285,19 +287,11 @@ impl Gate {
         self.lock().saturation(Some(rank))
     }
 
-    /// The gate's time, read before taking the lock; `None` unless
-    /// deadlines are on.
+    /// The gate's time, read once per event before taking the lock and
+    /// passed to the state's event; `None` unless the gate keeps time.
     #[inline]
     fn time(&self) -> Option<Instant> {
         self.inner.timed.then(|| self.inner.clock.now())
-    }
-
-    /// Tells the state the time of the event it is about to apply.
-    #[inline]
-    fn advance(&self, state: &mut State<Waiter>, time: Option<Instant>) {
-        if let Some(now) = time {
-            state.advance(now);
-        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State<Waiter>> {
@@ -342,11 +336,7 @@ impl Gate {
                 // Controlled delay's rejections change tallies at any
                 // event, in the buckets of the offers.
                 event.tally_changed |= state.take_shed();
-                // Every bucket event advanced the state to its own time:
-                // ages on the gate's clock reuse that reading.
-                let read_at = state.event_time();
-                let mut collected =
-                    Observation::collect(&mut *state, event, &offered_ranks, read_at);
+                let mut collected = Observation::collect(&mut *state, event, &offered_ranks);
                 drop(state);
                 wake_all(wakers);
                 let observation = collected.measure(&self.inner.clock);
@@ -403,17 +393,17 @@ impl Gate {
             .map(|admitted_at| Stamp::now().since(admitted_at));
         let time = self.time();
         let mut state = self.lock();
-        self.advance(&mut state, time);
         if finished {
-            state.finish(grant);
+            state.finish(grant, time);
         } else {
-            state.first_token(grant);
+            state.first_token(grant, time);
         }
         let concerned = Concerned::Bucket(BucketEvent {
             rank: state.view().grant_rank(grant),
             tally_changed: false,
             queue_wait: None,
             engine_waiting,
+            read_at: time,
         });
         self.end_event(state, concerned, observing);
     }
@@ -584,10 +574,9 @@ impl Acquire {
         let observing = gate.observing();
         let time = gate.time();
         let mut state = gate.lock();
-        gate.advance(&mut state, time);
-        match state.expire(*ticket) {
+        match state.expire(*ticket, time) {
             Expiry::Rejected(overloaded, rank) => {
-                gate.end_event(state, Concerned::tally_of(rank), observing);
+                gate.end_event(state, Concerned::tally_of(rank, time), observing);
                 self.step = Step::Decided(Some(Err(overloaded)));
             }
             Expiry::Decided | Expiry::Stale => {}
@@ -637,9 +626,10 @@ impl Future for Acquire {
                                 tally_changed: true,
                                 queue_wait: Some(waiter.offered_at.since(waiter.queued_at)),
                                 engine_waiting: None,
+                                // A hand-over reads no time of the gate.
+                                read_at: None,
                             };
-                            // A hand-over reads no time of the gate.
-                            Observation::collect(&mut *state, event, &[], None)
+                            Observation::collect(&mut *state, event, &[])
                         });
                         (grant, waiter.offered_at, observation)
                     }
@@ -676,12 +666,11 @@ impl Drop for Acquire {
             let observing = gate.observing();
             let time = gate.time();
             let mut state = gate.lock();
-            gate.advance(&mut state, time);
             // A stale ticket cannot happen (the ticket is spent only when
             // the step becomes `Done`), but if it did it must not touch the
             // request that reuses its slot.
-            if let Ok(rank) = state.cancel(*ticket) {
-                gate.end_event(state, Concerned::tally_of(rank), observing);
+            if let Ok(rank) = state.cancel(*ticket, time) {
+                gate.end_event(state, Concerned::tally_of(rank, time), observing);
             }
         }
     }

@@ -114,17 +114,22 @@ pub(crate) struct BucketEvent {
     pub(crate) tally_changed: bool,
     pub(crate) queue_wait: Option<Duration>,
     pub(crate) engine_waiting: Option<Duration>,
+    /// The gate's time the event was applied at, if the gate keeps time
+    /// (the same reading the state was given): ages on the gate's clock
+    /// reuse it.
+    pub(crate) read_at: Option<Instant>,
 }
 
 impl BucketEvent {
     /// An event that changed the tally of `rank`'s bucket (and perhaps its
-    /// counts), measuring no duration.
-    pub(crate) fn tally_of(rank: Option<u32>) -> Self {
+    /// counts), measuring no duration, applied at `read_at`.
+    pub(crate) fn tally_of(rank: Option<u32>, read_at: Option<Instant>) -> Self {
         BucketEvent {
             rank,
             tally_changed: true,
             queue_wait: None,
             engine_waiting: None,
+            read_at,
         }
     }
 }
@@ -152,7 +157,6 @@ impl Observation {
         state: &mut impl Observed,
         event: BucketEvent,
         offered_ranks: &[Option<u32>],
-        read_at: Option<Instant>,
     ) -> Collected<Observation> {
         let mut offered = Vec::new();
         if offered_ranks.iter().any(|&offered| offered != event.rank) {
@@ -173,7 +177,7 @@ impl Observation {
             engine_waiting: event.engine_waiting,
             worker_saturation: state.worker_saturation(),
         };
-        Collected::of(state, observation, read_at)
+        Collected::of(state, observation, event.read_at)
     }
 }
 

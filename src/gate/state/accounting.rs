@@ -18,6 +18,8 @@
 //! * Counts only exceed a limit after the limit shrank: a capacity report
 //!   never revokes held capacity.
 
+use std::time::Instant;
+
 use super::buckets::{BucketKey, Held};
 use super::budget::moving_average;
 use super::{Grant, State};
@@ -145,8 +147,15 @@ impl<T> State<T> {
         }
     }
 
-    /// Counts `demand` against `key` and returns the grant holding it.
-    pub(super) fn charge(&mut self, key: BucketKey, demand: Demand, source: AdmitSource) -> Grant {
+    /// Counts `demand` against `key` and returns the grant holding it,
+    /// admitted at `now` (the gate's time of the event).
+    pub(super) fn charge(
+        &mut self,
+        key: BucketKey,
+        demand: Demand,
+        source: AdmitSource,
+        now: Option<Instant>,
+    ) -> Grant {
         for counts in self.total_and(key) {
             counts.engine_requests += 1;
             counts.engine_waiting += 1;
@@ -178,7 +187,7 @@ impl<T> State<T> {
                 generation,
             },
             demand,
-            admitted_at: self.event_time(),
+            admitted_at: now,
             rank,
             source,
             holds_request: true,
@@ -189,14 +198,14 @@ impl<T> State<T> {
     /// Releases the waiting capacity of `grant`, and with `finished` its
     /// request capacity too; whatever was already released is not released
     /// again. Freed capacity goes to the queue at once.
-    pub(super) fn release(&mut self, grant: &mut Grant, finished: bool) {
+    pub(super) fn release(&mut self, grant: &mut Grant, finished: bool, now: Option<Instant>) {
         let waiting = std::mem::take(&mut grant.holds_waiting);
         let request = finished && std::mem::take(&mut grant.holds_request);
         if !waiting && !request {
             return;
         }
         if waiting {
-            if let (Some(admitted_at), Some(now)) = (grant.admitted_at, self.now) {
+            if let (Some(admitted_at), Some(now)) = (grant.admitted_at, now) {
                 let waited = now.saturating_duration_since(admitted_at).as_secs_f64();
                 self.mean_wait = Some(moving_average(self.mean_wait, waited));
                 if let Some(adaptive) = &mut self.adaptive {
@@ -222,7 +231,7 @@ impl<T> State<T> {
                 counts.engine_tokens = counts.engine_tokens.saturating_sub(demand.engine_tokens);
             }
         }
-        self.dequeue();
+        self.dequeue(now);
     }
 
     /// Takes a request of `demand` off `key`'s queue counts.

@@ -50,24 +50,23 @@ proptest! {
             .capacity(EngineCapacity::new(16, 2));
         let mut state: State<()> = State::new(config);
         let mut now = Instant::now();
-        state.advance(now);
         let mut grants: Vec<Grant> = Vec::new();
         let mut tickets: Vec<Ticket> = Vec::new();
         for event in events {
             match event {
-                Event::Arrive { rank } => match state.arrive(rank, Demand::default(), None, ()) {
+                Event::Arrive { rank } => match state.arrive(rank, Demand::default(), None, (), Some(now)) {
                     Arrival::Admitted(grant) => grants.push(grant),
                     Arrival::Queued(ticket, _) => tickets.push(ticket),
                     Arrival::Rejected(_) => {}
                 },
                 Event::FirstToken(i) if !grants.is_empty() => {
                     let i = i % grants.len();
-                    state.first_token(&mut grants[i]);
+                    state.first_token(&mut grants[i], Some(now));
                 }
                 Event::Finish(i) if !grants.is_empty() => {
                     let i = i % grants.len();
                     let mut grant = grants.swap_remove(i);
-                    state.finish(&mut grant);
+                    state.finish(&mut grant, Some(now));
                 }
                 Event::FirstToken(_) | Event::Finish(_) => {}
                 Event::Poll => {
@@ -83,11 +82,10 @@ proptest! {
                     tickets = still;
                 }
                 Event::Report { seqs } => {
-                    state.report_capacity(EngineCapacity::new(seqs, 2));
+                    state.report_capacity(EngineCapacity::new(seqs, 2), Some(now));
                 }
                 Event::Wait { ms } => {
                     now += Duration::from_millis(ms);
-                    state.advance(now);
                 }
             }
             // In bounds: between the floor and the reported waiting limit.

@@ -1,10 +1,12 @@
 //! Time, queue-wait budgets and drain-rate prediction.
 //!
-//! The state never reads a clock: the driver tells it the time of the
-//! event it is about to apply ([`State::advance`]), and only when the gate
-//! keeps time (deadlines or aging are on: `timed`). Every part of the
-//! state that records a time reads it through [`State::event_time`], which
-//! is `None` for a gate that keeps no time.
+//! The state never reads a clock and stores no present: time is an
+//! argument. Every event that may read time takes `now: Option<Instant>`,
+//! the time the driver read for it (`None` when the gate keeps no time),
+//! and passes it down to whatever records or compares a time. A gate that
+//! keeps no time (deadlines, aging and the adaptive limit off) treats any
+//! `now` as `None` ([`State::gate_time`]), except that an arrival's own
+//! time still starts the client's deadline.
 //!
 //! # Invariants
 //!
@@ -34,28 +36,29 @@ pub(super) fn moving_average(average: Option<f64>, sample: f64) -> f64 {
 }
 
 impl<T> State<T> {
-    /// The time of the events that follow, for a gate that keeps time.
-    pub(crate) fn advance(&mut self, now: Instant) {
-        self.now = Some(now);
-    }
-
-    /// The time the last [`advance`](Self::advance) gave, when the gate
-    /// keeps time: the time of the event just applied, if the driver
-    /// advanced for it.
-    pub(crate) fn event_time(&self) -> Option<Instant> {
-        self.now.filter(|_| self.timed)
+    /// The time an event gives, as the gate's time: `None` for a gate
+    /// that keeps no time (deadlines, aging and the adaptive limit off),
+    /// whatever the driver read.
+    #[inline]
+    pub(super) fn gate_time(&self, now: Option<Instant>) -> Option<Instant> {
+        now.filter(|_| self.config.keeps_time())
     }
 
     /// A request's queue wait budget, the smallest of the client's own
     /// deadline, the queue wait limit, and the time-to-first-token objective
     /// less the mean engine waiting time; and whether the client's deadline
     /// is the smallest. A gate that keeps no time honours the client's
-    /// deadline alone (the driver then gives the arrival its time).
-    pub(super) fn budget(&self, deadline: Option<Duration>) -> Option<(Duration, bool)> {
+    /// deadline alone, and only when the driver gave the arrival its time
+    /// `at`.
+    pub(super) fn budget(
+        &self,
+        deadline: Option<Duration>,
+        at: Option<Instant>,
+    ) -> Option<(Duration, bool)> {
         let mut budget = deadline.map(|deadline| (deadline, true));
-        if !self.timed {
+        if !self.config.keeps_time() {
             // Only the client's deadline, timed from this arrival.
-            return budget.filter(|_| self.now.is_some());
+            return budget.filter(|_| at.is_some());
         }
         let mut consider = |server: Duration| {
             if budget.is_none_or(|(smallest, _)| server < smallest) {

@@ -122,18 +122,18 @@ impl<T> State<T> {
     /// hear of it when the driver drains, as displaced ones do. Does
     /// nothing unless a target is set and the gate keeps time.
     #[inline]
-    pub(super) fn control_delay(&mut self) {
+    pub(super) fn control_delay(&mut self, now: Option<Instant>) {
         if let Some(settings) = self.codel {
             // An empty queue that sheds must still be watched, to see it
             // stay below for an interval.
             if self.total.queued > 0 || self.codel_shedding {
-                self.control_delay_slow(settings);
+                self.control_delay_slow(settings, now);
             }
         }
     }
 
-    fn control_delay_slow(&mut self, settings: Settings) {
-        let Some(now) = self.event_time() else {
+    fn control_delay_slow(&mut self, settings: Settings, now: Option<Instant>) {
+        let Some(now) = now else {
             return;
         };
         let mut shedding = false;
@@ -235,9 +235,9 @@ mod tests {
         let mut grants: HashMap<usize, Grant> = HashMap::new();
         while let Some(Reverse((at, kind, index))) = events.pop() {
             let now = start + at;
-            state.advance(now);
+            let now = Some(now);
             if kind == 1 {
-                match state.arrive(None, Demand::default(), None, index) {
+                match state.arrive(None, Demand::default(), None, index, now) {
                     Arrival::Admitted(grant) => {
                         fates[index] = Fate::Admitted {
                             waited: Duration::ZERO,
@@ -254,7 +254,7 @@ mod tests {
                 let mut grant = grants
                     .remove(&index)
                     .expect("a finish of an admitted request");
-                state.finish(&mut grant);
+                state.finish(&mut grant, now);
             }
             let mut decided = Vec::new();
             state.drain_offered(|_, &mut index| decided.push(index));
@@ -320,18 +320,21 @@ mod tests {
             .request_queue_wait_limit(Duration::from_secs(60));
         let mut state: State<usize> = State::new(config);
         let start = Instant::now();
-        state.advance(start);
-        let Arrival::Admitted(mut grant) = state.arrive(None, Demand::default(), None, 0) else {
+        let now = Some(start);
+        let Arrival::Admitted(mut grant) = state.arrive(None, Demand::default(), None, 0, now)
+        else {
             panic!("admitted");
         };
         let queued: Vec<Ticket> = (1..5)
-            .map(|id| match state.arrive(None, Demand::default(), None, id) {
-                Arrival::Queued(ticket, _) => ticket,
-                other => panic!("queued, not {other:?}"),
-            })
+            .map(
+                |id| match state.arrive(None, Demand::default(), None, id, now) {
+                    Arrival::Queued(ticket, _) => ticket,
+                    other => panic!("queued, not {other:?}"),
+                },
+            )
             .collect();
-        state.advance(start + Duration::from_secs(30));
-        state.finish(&mut grant);
+        let now = Some(start + Duration::from_secs(30));
+        state.finish(&mut grant, now);
         let mut offered = Vec::new();
         state.drain_offered(|_, &mut id| offered.push(id));
         assert_eq!(offered, [1], "the oldest is admitted, nothing shed");

@@ -9,6 +9,10 @@
 //! moment, and the driver (the [`Gate`](crate::Gate)) learns of them through
 //! [`State::drain_offered`] and wakes whoever waits on them.
 //!
+//! Time is an argument, not a stored present: every event that may read
+//! time takes `now: Option<Instant>`, the time the driver read for it once
+//! (`None` when the gate keeps no time); see [`budget`].
+//!
 //! # Accounting
 //!
 //! Capacity is counted in *buckets*: one per data-parallel rank and one for
@@ -140,10 +144,6 @@ pub(crate) struct State<T> {
     offered: Vec<Slot>,
     /// Events so far, to order observations.
     events: u64,
-    /// Whether the gate keeps time (deadlines are on); then `now` is the
-    /// time of the event being applied.
-    timed: bool,
-    now: Option<Instant>,
     /// Mean engine waiting time (admission to first token or completion),
     /// seconds, a moving average.
     mean_wait: Option<f64>,
@@ -183,8 +183,6 @@ impl<T> State<T> {
             next_seq: 0,
             offered: Vec::new(),
             events: 0,
-            timed: false,
-            now: None,
             mean_wait: None,
             ladder,
             weights,
@@ -200,7 +198,6 @@ impl<T> State<T> {
                 target,
                 interval: state.config.queue_delay_interval_in_force(),
             });
-        state.timed = state.config.keeps_time();
         if let Some(params) = state.config.adaptive_waiting_limit {
             let adaptive =
                 adaptive::Adaptive::new(params, state.limits.engine_request_waiting_limit);
@@ -208,7 +205,7 @@ impl<T> State<T> {
             state.adaptive = Some(adaptive);
         }
         if let Some(capacity) = capacity {
-            state.report_capacity(capacity);
+            state.report_capacity(capacity, None);
         }
         state
     }
@@ -228,31 +225,31 @@ impl<T> State<T> {
         now: Option<Instant>,
         payload: T,
     ) -> (Arrival, Option<u32>) {
-        if let Some(now) = now {
-            self.advance(now);
-        }
         let bucket = self.recognise(descriptor.rank);
-        let arrival = self.arrive_in(bucket, descriptor, Demand::of(descriptor.cost), payload);
+        let demand = Demand::of(descriptor.cost);
+        let arrival = self.arrive_in(bucket, descriptor, demand, payload, now);
         (arrival, bucket.rank())
     }
 
     /// The arrival of [`receive`](Self::receive), in the bucket it was
-    /// recognised in, needing `demand`.
+    /// recognised in, needing `demand`, at `at` (the arrival's time, as
+    /// [`receive`](Self::receive) takes it).
     fn arrive_in(
         &mut self,
         bucket: BucketKey,
         descriptor: &Descriptor,
         demand: Demand,
         payload: T,
+        at: Option<Instant>,
     ) -> Arrival {
+        let now = self.gate_time(at);
         if self.codel.is_some() {
             // A standing queue sheds before the newcomer joins it.
-            self.dequeue();
+            self.dequeue(now);
         }
         self.bucket_mut(bucket).tally.received += 1;
         let rung = self.ladder.rung(descriptor.priority);
         let tenant = descriptor.tenant;
-        let now = self.now;
         let queue = match bucket {
             BucketKey::Unranked => &mut self.unranked.queue,
             BucketKey::Rank(rank) => &mut self.ranks[rank as usize].queue,
@@ -260,7 +257,7 @@ impl<T> State<T> {
         let leads =
             queue.is_empty() || queue.would_lead(&self.entries, &self.ladder, now, rung, tenant);
         if leads && self.engine_fits(bucket, demand) {
-            let grant = self.charge(bucket, demand, AdmitSource::Direct);
+            let grant = self.charge(bucket, demand, AdmitSource::Direct, now);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
             self.count_band(bucket, rung, |band| band.admitted += 1);
             return Arrival::Admitted(grant);
@@ -280,7 +277,7 @@ impl<T> State<T> {
                 }
             }
         };
-        let budget = self.budget(descriptor.deadline);
+        let budget = self.budget(descriptor.deadline, at);
         if let Some((budget, client)) = budget {
             if self
                 .bucket(bucket)
@@ -299,12 +296,12 @@ impl<T> State<T> {
         for victim in victims {
             self.displace(victim);
         }
-        let expires_at = budget.and_then(|(budget, _)| self.now?.checked_add(budget));
+        let expires_at = budget.and_then(|(budget, _)| at?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
-        let ticket = self.enqueue(bucket, demand, client, tenant, rung, payload);
+        let ticket = self.enqueue(bucket, demand, client, tenant, rung, payload, now);
         if displaced || self.ladder.ages() {
             // A displaced head uncovers the next, and aging reorders heads.
-            self.dequeue();
+            self.dequeue(now);
         }
         Arrival::Queued(ticket, expires_at)
     }
@@ -348,7 +345,8 @@ impl<T> State<T> {
     /// queued, it leaves its queue and is rejected for its deadline; already
     /// offered an admission, the admission stands (its capacity is held,
     /// and the client still waits for it).
-    pub(crate) fn expire(&mut self, ticket: Ticket) -> Expiry {
+    pub(crate) fn expire(&mut self, ticket: Ticket, now: Option<Instant>) -> Expiry {
+        let now = self.gate_time(now);
         let Some(entry) = self.live(ticket) else {
             return Expiry::Stale;
         };
@@ -364,7 +362,7 @@ impl<T> State<T> {
         self.shrink_if_idle();
         let overloaded = self.reject(bucket, rung, RejectionReason::Deadline, client);
         // A head that leaves uncovers the next, which may fit.
-        self.dequeue();
+        self.dequeue(now);
         Expiry::Rejected(overloaded, bucket.rank())
     }
 
@@ -405,7 +403,12 @@ impl<T> State<T> {
     /// counts as cancelled. Returns the rank the request was counted under
     /// (`None` when unranked), or `Err(())` for a stale ticket, which
     /// changes nothing.
-    pub(crate) fn cancel(&mut self, ticket: Ticket) -> Result<Option<u32>, ()> {
+    pub(crate) fn cancel(
+        &mut self,
+        ticket: Ticket,
+        now: Option<Instant>,
+    ) -> Result<Option<u32>, ()> {
+        let now = self.gate_time(now);
         if self.live(ticket).is_none() {
             return Err(());
         }
@@ -424,12 +427,12 @@ impl<T> State<T> {
                 self.bucket_mut(entry.bucket).tally.cancelled += 1;
                 // A queue head that leaves uncovers the next, which may be
                 // smaller and fit where the head did not.
-                self.dequeue();
+                self.dequeue(now);
             }
             Status::Offered(mut grant) => {
                 let key = self.current_bucket(grant.held);
                 self.bucket_mut(key).tally.cancelled += 1;
-                self.release(&mut grant, true);
+                self.release(&mut grant, true, now);
             }
             // Already counted as rejected; the waiter gave up before
             // hearing it.
@@ -441,14 +444,16 @@ impl<T> State<T> {
 
     /// The request produced its first generated token: its waiting capacity
     /// is released (once; later calls do nothing).
-    pub(crate) fn first_token(&mut self, grant: &mut Grant) {
-        self.release(grant, false);
+    pub(crate) fn first_token(&mut self, grant: &mut Grant, now: Option<Instant>) {
+        let now = self.gate_time(now);
+        self.release(grant, false, now);
     }
 
     /// The request's response ended (normally, with an error, or dropped):
     /// whatever the grant still holds is released.
-    pub(crate) fn finish(&mut self, grant: &mut Grant) {
-        self.release(grant, true);
+    pub(crate) fn finish(&mut self, grant: &mut Grant, now: Option<Instant>) {
+        let now = self.gate_time(now);
+        self.release(grant, true, now);
     }
 
     /// The engine reports its capacity. Defaults follow it; explicit
@@ -458,7 +463,12 @@ impl<T> State<T> {
     ///
     /// Returns `false` (and changes nothing) for a report of zero ranks or
     /// zero sequences.
-    pub(crate) fn report_capacity(&mut self, capacity: EngineCapacity) -> bool {
+    pub(crate) fn report_capacity(
+        &mut self,
+        capacity: EngineCapacity,
+        now: Option<Instant>,
+    ) -> bool {
+        let now = self.gate_time(now);
         if let Some(reason) = capacity.invalid_reason() {
             tracing::warn!(?capacity, "ignoring engine capacity report: {reason}");
             return false;
@@ -484,7 +494,7 @@ impl<T> State<T> {
             self.retire_rank(rank as u32);
         }
         self.active_ranks = ranks;
-        self.dequeue();
+        self.dequeue(now);
         true
     }
 
@@ -540,19 +550,20 @@ impl<T> State<T> {
         tenant: Option<Tenant>,
         rung: i64,
         payload: T,
+        now: Option<Instant>,
     ) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
-        if self.bucket(key).queue.is_empty() && self.timed {
+        if self.bucket(key).queue.is_empty() && self.config.keeps_time() {
             // The queue starts to drain now, not at its last admission.
-            self.bucket_mut(key).drain_mark = self.event_time();
+            self.bucket_mut(key).drain_mark = now;
         }
         let weight = tenant
             .and_then(|tenant| self.weights.get(&tenant).copied())
             .unwrap_or(1);
         // Fair shares are by tokens when the cost is known, else by requests.
         let service = demand.engine_tokens.max(1) as u64;
-        let queued_at = self.event_time();
+        let queued_at = now;
         let node = Node::new(seq, rung, tenant, service, weight, queued_at, &self.ladder);
         let slot = self.entries.insert(Entry {
             node,
@@ -576,17 +587,16 @@ impl<T> State<T> {
     /// request never overtakes a large one queued before it in the same
     /// queue, so long prompts are never starved.
     #[inline]
-    fn dequeue(&mut self) {
+    fn dequeue(&mut self, now: Option<Instant>) {
         // Controlled delay first: a request that waited too long in a
         // standing queue is shed, not admitted late.
-        self.control_delay();
+        self.control_delay(now);
         if self.total.queued > 0 {
-            self.dequeue_slow();
+            self.dequeue_slow(now);
         }
     }
 
-    fn dequeue_slow(&mut self) {
-        let now = self.now;
+    fn dequeue_slow(&mut self, now: Option<Instant>) {
         while self.total.queued > 0 {
             let mut first: Option<queue::Head> = None;
             let keys = std::iter::once(BucketKey::Unranked)
@@ -606,20 +616,20 @@ impl<T> State<T> {
                 }
             }
             let Some(first) = first else { break };
-            self.offer(first.slot);
+            self.offer(first.slot, now);
         }
     }
 
-    fn offer(&mut self, slot: Slot) {
+    fn offer(&mut self, slot: Slot, now: Option<Instant>) {
         let key = self.entries[slot].bucket;
         let (queue, entries) = self.queue_and_entries(key);
         queue.remove(entries, slot, true);
         let demand = self.entries[slot].demand;
         self.unqueue(key, demand);
-        if let Some(now) = self.event_time() {
+        if let Some(now) = now {
             self.bucket_mut(key).drained_at(now);
         }
-        let grant = self.charge(key, demand, AdmitSource::Queue);
+        let grant = self.charge(key, demand, AdmitSource::Queue, now);
         self.entries[slot].status = Status::Offered(grant);
         self.offered.push(slot);
     }

@@ -14,12 +14,22 @@ fn class(priority: i32) -> Class {
     }
 }
 
-fn arrive(state: &mut State<&'static str>, name: &'static str, priority: i32) -> Arrival {
-    state.arrive_as(None, Demand::default(), None, class(priority), name)
+fn arrive(
+    state: &mut State<&'static str>,
+    name: &'static str,
+    priority: i32,
+    now: Option<Instant>,
+) -> Arrival {
+    state.arrive_as(None, Demand::default(), None, class(priority), name, now)
 }
 
-fn queue(state: &mut State<&'static str>, name: &'static str, priority: i32) -> Ticket {
-    match arrive(state, name, priority) {
+fn queue(
+    state: &mut State<&'static str>,
+    name: &'static str,
+    priority: i32,
+    now: Option<Instant>,
+) -> Ticket {
+    match arrive(state, name, priority, now) {
         Arrival::Queued(ticket, _) => ticket,
         other => panic!("{name}: expected queued, got {other:?}"),
     }
@@ -44,9 +54,14 @@ fn bands(state: &State<&'static str>) -> Vec<(usize, u64, u64)> {
 }
 
 /// Frees the engine slot and hands it to the next queued request, which
-/// must be `ticket`'s.
-fn serve_next(state: &mut State<&'static str>, running: &mut Grant, ticket: Ticket) {
-    state.finish(running);
+/// must be `ticket`'s, at `now`.
+fn serve_next(
+    state: &mut State<&'static str>,
+    running: &mut Grant,
+    ticket: Ticket,
+    now: Option<Instant>,
+) {
+    state.finish(running, now);
     state.drain_offered(|_, _| {});
     let Polled::Admitted(grant, _) = state.poll(ticket) else {
         panic!("the next request is admitted")
@@ -58,60 +73,61 @@ fn serve_next(state: &mut State<&'static str>, running: &mut Grant, ticket: Tick
 fn the_oldest_queued_request_is_the_earliest_arrival_whatever_its_band() {
     let (mut state, mut running) = busy(AdmissionConfig::new(), 10);
     assert_eq!(oldest(&state), None, "nothing queued");
-    let low = queue(&mut state, "low", 0);
-    let high = queue(&mut state, "high", 5);
+    let low = queue(&mut state, "low", 0, None);
+    let high = queue(&mut state, "high", 5, None);
     assert_eq!(oldest(&state), Some("low"), "served last, waiting longest");
-    serve_next(&mut state, &mut running, high);
+    serve_next(&mut state, &mut running, high, None);
     assert_eq!(oldest(&state), Some("low"));
-    let later = queue(&mut state, "later", 5);
-    state.cancel(low).unwrap();
+    let later = queue(&mut state, "later", 5, None);
+    state.cancel(low, None).unwrap();
     assert_eq!(oldest(&state), Some("later"), "the next oldest");
-    state.cancel(later).unwrap();
+    state.cancel(later, None).unwrap();
     assert_eq!(oldest(&state), None);
-    state.finish(&mut running);
+    state.finish(&mut running, None);
 }
 
 #[test]
 fn the_oldest_queued_request_carries_its_arrival_time_only_when_the_gate_keeps_time() {
     let (mut untimed, mut running) = busy(AdmissionConfig::new(), 10);
-    queue(&mut untimed, "r", 0);
+    queue(&mut untimed, "r", 0, None);
     assert!(matches!(
         untimed.view().oldest_queued(None),
         Some((None, &"r"))
     ));
-    untimed.finish(&mut running);
+    untimed.finish(&mut running, None);
 
     let start = Instant::now();
     let config = AdmissionConfig::new().request_deadlines(true);
     let mut timed = State::new(config.engine_request_limit(1).request_queue_limit(10));
-    timed.advance(start);
-    let Arrival::Admitted(mut running) = timed.arrive(None, Demand::default(), None, "running")
+    let now = Some(start);
+    let Arrival::Admitted(mut running) =
+        timed.arrive(None, Demand::default(), None, "running", now)
     else {
         panic!("admitted")
     };
-    timed.advance(start + Duration::from_secs(3));
-    queue(&mut timed, "first", 0);
-    timed.advance(start + Duration::from_secs(5));
-    queue(&mut timed, "second", 0);
+    let now = Some(start + Duration::from_secs(3));
+    queue(&mut timed, "first", 0, now);
+    let now = Some(start + Duration::from_secs(5));
+    queue(&mut timed, "second", 0, now);
     let Some((Some(queued_at), &"first")) = timed.view().oldest_queued(None) else {
         panic!("the first is the oldest, with its time")
     };
     assert_eq!(queued_at, start + Duration::from_secs(3));
-    timed.finish(&mut running);
+    timed.finish(&mut running, now);
 }
 
 #[test]
 fn without_configured_bands_there_are_no_band_views_or_tallies() {
     let (mut state, mut running) = busy(AdmissionConfig::new(), 1);
-    queue(&mut state, "low", 0);
-    queue(&mut state, "high", 5); // displaces low
+    queue(&mut state, "low", 0, None);
+    queue(&mut state, "high", 5, None); // displaces low
     assert!(matches!(
-        arrive(&mut state, "full", 5),
+        arrive(&mut state, "full", 5, None),
         Arrival::Rejected(_)
     ));
     assert!(state.view().bucket(None).bands.is_none());
     assert_eq!(state.unranked.bands.capacity(), 0, "never allocated");
-    state.finish(&mut running);
+    state.finish(&mut running, None);
 }
 
 #[test]
@@ -119,24 +135,24 @@ fn band_tallies_count_each_request_under_the_band_it_arrived_in() {
     let config = AdmissionConfig::new().priority_bands([0, 10]);
     let (mut state, mut running) = busy(config, 2);
     assert_eq!(bands(&state), [(0, 1, 0), (0, 0, 0)], "running: band 0");
-    let l1 = queue(&mut state, "L1", 3);
-    queue(&mut state, "L2", 0);
+    let l1 = queue(&mut state, "L1", 3, None);
+    queue(&mut state, "L2", 0, None);
     assert_eq!(bands(&state), [(2, 1, 0), (0, 0, 0)]);
     // A full queue: H (band 10) displaces L2, the newest of band 0.
-    let h = queue(&mut state, "H", 12);
+    let h = queue(&mut state, "H", 12, None);
     state.drain_offered(|_, _| {});
     assert_eq!(bands(&state), [(1, 1, 1), (1, 0, 0)]);
     // No lower band left to displace for another band-0 request.
-    let Arrival::Rejected(overloaded) = arrive(&mut state, "L3", -7) else {
+    let Arrival::Rejected(overloaded) = arrive(&mut state, "L3", -7, None) else {
         panic!("a full queue")
     };
     assert_eq!(overloaded.reason(), RejectionReason::QueueFull);
     assert_eq!(bands(&state), [(1, 1, 2), (1, 0, 0)]);
-    serve_next(&mut state, &mut running, h);
+    serve_next(&mut state, &mut running, h, None);
     assert_eq!(bands(&state), [(1, 1, 2), (0, 1, 0)]);
-    serve_next(&mut state, &mut running, l1);
+    serve_next(&mut state, &mut running, l1, None);
     assert_eq!(bands(&state), [(0, 2, 2), (0, 1, 0)]);
-    state.finish(&mut running);
+    state.finish(&mut running, None);
     let tally = state.view().unranked_tally();
     assert_eq!(tally.admitted(), 3, "the bands add up to the tally");
     assert_eq!(tally.rejected(), 2);
@@ -149,19 +165,20 @@ fn an_aged_request_stays_in_the_band_it_arrived_in() {
         .priority_bands([0, 10])
         .aging_interval(Duration::from_secs(1));
     let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
-    state.advance(start);
-    let Arrival::Admitted(mut running) = state.arrive(None, Demand::default(), None, "running")
+    let now = Some(start);
+    let Arrival::Admitted(mut running) =
+        state.arrive(None, Demand::default(), None, "running", now)
     else {
         panic!("admitted")
     };
-    let low = queue(&mut state, "low", 0);
-    state.advance(start + Duration::from_secs(5));
-    queue(&mut state, "high", 10);
+    let low = queue(&mut state, "low", 0, now);
+    let now = Some(start + Duration::from_secs(5));
+    queue(&mut state, "high", 10, now);
     assert_eq!(bands(&state), [(1, 1, 0), (1, 0, 0)]);
     // Risen above band 10, low goes first, and counts as band 0's.
-    serve_next(&mut state, &mut running, low);
+    serve_next(&mut state, &mut running, low, now);
     assert_eq!(bands(&state), [(0, 2, 0), (1, 0, 0)]);
-    state.finish(&mut running);
+    state.finish(&mut running, now);
 }
 
 #[test]
@@ -171,16 +188,17 @@ fn an_expired_request_is_rejected_in_its_band() {
         .priority_bands([0, 10])
         .request_queue_wait_limit(Duration::from_secs(1));
     let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
-    state.advance(start);
-    let Arrival::Admitted(mut running) = state.arrive(None, Demand::default(), None, "running")
+    let now = Some(start);
+    let Arrival::Admitted(mut running) =
+        state.arrive(None, Demand::default(), None, "running", now)
     else {
         panic!("admitted")
     };
-    let high = queue(&mut state, "high", 10);
-    state.advance(start + Duration::from_secs(2));
-    assert!(matches!(state.expire(high), Expiry::Rejected(..)));
+    let high = queue(&mut state, "high", 10, now);
+    let now = Some(start + Duration::from_secs(2));
+    assert!(matches!(state.expire(high, now), Expiry::Rejected(..)));
     assert_eq!(bands(&state), [(0, 1, 0), (0, 0, 1)]);
-    state.finish(&mut running);
+    state.finish(&mut running, now);
 }
 
 #[test]
@@ -191,17 +209,18 @@ fn a_vanished_ranks_queued_requests_move_to_the_unranked_bands_and_oldest() {
         .request_queue_limit(10)
         .capacity(EngineCapacity::new(8, 2));
     let mut state: State<&'static str> = State::new(config);
-    let Arrival::Admitted(mut running) = state.arrive(Some(1), Demand::default(), None, "running")
+    let Arrival::Admitted(mut running) =
+        state.arrive(Some(1), Demand::default(), None, "running", None)
     else {
         panic!("admitted")
     };
-    state.arrive_as(Some(1), Demand::default(), None, class(10), "ranked");
+    state.arrive_as(Some(1), Demand::default(), None, class(10), "ranked", None);
     assert_eq!(state.view().bucket(Some(1)).bands.unwrap()[1].queued, 1);
     assert!(matches!(
         state.view().oldest_queued(Some(1)),
         Some((_, &"ranked"))
     ));
-    state.report_capacity(EngineCapacity::new(8, 1));
+    state.report_capacity(EngineCapacity::new(8, 1), None);
     assert_eq!(state.view().bucket(Some(1)).bands.unwrap()[1].queued, 0);
     assert_eq!(state.view().oldest_queued(Some(1)), None);
     assert_eq!(
@@ -210,5 +229,5 @@ fn a_vanished_ranks_queued_requests_move_to_the_unranked_bands_and_oldest() {
         "tallies stay with rank 1"
     );
     assert_eq!(oldest(&state), Some("ranked"));
-    state.finish(&mut running);
+    state.finish(&mut running, None);
 }

@@ -24,8 +24,13 @@ fn class(priority: i32, tenant: Option<Tenant>) -> Class {
     Class { priority, tenant }
 }
 
-fn queue(state: &mut State<&'static str>, name: &'static str, class: Class) -> Ticket {
-    match state.arrive_as(None, Demand::default(), None, class, name) {
+fn queue(
+    state: &mut State<&'static str>,
+    name: &'static str,
+    class: Class,
+    now: Option<Instant>,
+) -> Ticket {
+    match state.arrive_as(None, Demand::default(), None, class, name, now) {
         Arrival::Queued(ticket, _) => ticket,
         other => panic!("{name}: expected queued, got {other:?}"),
     }
@@ -36,10 +41,10 @@ fn higher_bands_are_served_first_and_fifo_within_a_band() {
     let (mut state, running) = busy(AdmissionConfig::new(), 10);
     let mut tickets = Vec::new();
     for name in ["L1", "L2", "L3"] {
-        tickets.push(queue(&mut state, name, class(0, None)));
+        tickets.push(queue(&mut state, name, class(0, None), None));
     }
     for name in ["H1", "H2"] {
-        tickets.push(queue(&mut state, name, class(5, None)));
+        tickets.push(queue(&mut state, name, class(5, None), None));
     }
     assert_eq!(
         serve_all(&mut state, running, tickets),
@@ -52,10 +57,10 @@ fn tenants_share_a_band_in_turn_ties_by_arrival() {
     let (mut state, running) = busy(AdmissionConfig::new(), 10);
     let mut tickets = Vec::new();
     for name in ["X1", "X2", "X3", "X4"] {
-        tickets.push(queue(&mut state, name, class(0, Some(tenant_a()))));
+        tickets.push(queue(&mut state, name, class(0, Some(tenant_a())), None));
     }
     for name in ["Y1", "Y2"] {
-        tickets.push(queue(&mut state, name, class(0, Some(tenant_b()))));
+        tickets.push(queue(&mut state, name, class(0, Some(tenant_b())), None));
     }
     assert_eq!(
         serve_all(&mut state, running, tickets),
@@ -77,13 +82,18 @@ fn a_fresh_tenant_per_request_does_not_starve_a_backlogged_tenant() {
     };
     let mut waiting = Vec::new();
     for _ in 0..5 {
-        waiting.push(queue(&mut state, "steady", class(0, Some(steady))));
-        waiting.push(queue(&mut state, "fresh", class(0, Some(fresh_tenant()))));
+        waiting.push(queue(&mut state, "steady", class(0, Some(steady)), None));
+        waiting.push(queue(
+            &mut state,
+            "fresh",
+            class(0, Some(fresh_tenant())),
+            None,
+        ));
     }
     let admissions = 10_000;
     let mut steady_served = 0;
     for _ in 0..admissions {
-        state.finish(&mut running);
+        state.finish(&mut running, None);
         state.drain_offered(|_, _| {});
         let mut admitted = None;
         waiting.retain(|&ticket| match state.poll(ticket) {
@@ -101,7 +111,7 @@ fn a_fresh_tenant_per_request_does_not_starve_a_backlogged_tenant() {
         } else {
             fresh_tenant()
         };
-        waiting.push(queue(&mut state, name, class(0, Some(tenant))));
+        waiting.push(queue(&mut state, name, class(0, Some(tenant)), None));
         let queue = &state.unranked.queue;
         assert!(queue.flow_count() <= 10, "{} flows", queue.flow_count());
     }
@@ -109,7 +119,7 @@ fn a_fresh_tenant_per_request_does_not_starve_a_backlogged_tenant() {
         steady_served * 8 >= admissions,
         "the steady tenant got {steady_served} of {admissions} admissions"
     );
-    state.finish(&mut running);
+    state.finish(&mut running, None);
 }
 
 #[test]
@@ -130,6 +140,7 @@ fn a_huge_weight_is_a_share_not_strict_priority() {
             &mut state,
             "light",
             class(0, Some(Tenant::new("light"))),
+            None,
         ));
     }
     for _ in 0..30 {
@@ -137,6 +148,7 @@ fn a_huge_weight_is_a_share_not_strict_priority() {
             &mut state,
             "heavy",
             class(0, Some(Tenant::new("heavy"))),
+            None,
         ));
     }
     let order = serve_all(&mut state, running, tickets);
@@ -153,8 +165,8 @@ fn weights_share_a_band_in_proportion() {
     let (mut state, running) = busy(config, 100);
     let mut tickets = Vec::new();
     for _ in 0..40 {
-        tickets.push(queue(&mut state, "a", class(0, Some(tenant_a()))));
-        tickets.push(queue(&mut state, "b", class(0, Some(tenant_b()))));
+        tickets.push(queue(&mut state, "a", class(0, Some(tenant_a())), None));
+        tickets.push(queue(&mut state, "b", class(0, Some(tenant_b())), None));
     }
     let order = serve_all(&mut state, running, tickets);
     let first: Vec<_> = order.iter().take(40).collect();
@@ -165,10 +177,10 @@ fn weights_share_a_band_in_proportion() {
 #[test]
 fn a_full_queue_gives_the_newest_lowest_request_up_to_a_higher_arrival() {
     let (mut state, running) = busy(AdmissionConfig::new(), 3);
-    let l1 = queue(&mut state, "L1", class(0, None));
-    let l2 = queue(&mut state, "L2", class(-1, None));
-    let l3 = queue(&mut state, "L3", class(-1, None));
-    let h = queue(&mut state, "H", class(5, None));
+    let l1 = queue(&mut state, "L1", class(0, None), None);
+    let l2 = queue(&mut state, "L2", class(-1, None), None);
+    let l3 = queue(&mut state, "L3", class(-1, None), None);
+    let h = queue(&mut state, "H", class(5, None), None);
     let mut displaced = Vec::new();
     state.drain_offered(|_, name| displaced.push(*name));
     assert_eq!(displaced, ["L3"], "the newest of the lowest band");
@@ -189,10 +201,10 @@ fn a_full_queue_gives_the_newest_lowest_request_up_to_a_higher_arrival() {
 #[test]
 fn an_arrival_of_no_higher_priority_than_the_lowest_band_is_rejected() {
     let (mut state, _running) = busy(AdmissionConfig::new(), 2);
-    queue(&mut state, "L1", class(1, None));
-    queue(&mut state, "L2", class(1, None));
+    queue(&mut state, "L1", class(1, None), None);
+    queue(&mut state, "L2", class(1, None), None);
     let Arrival::Rejected(overloaded) =
-        state.arrive_as(None, Demand::default(), None, class(1, None), "L3")
+        state.arrive_as(None, Demand::default(), None, class(1, None), "L3", None)
     else {
         panic!("no lower band to displace")
     };
@@ -208,11 +220,12 @@ fn an_arrival_ahead_of_every_queued_request_that_fits_is_admitted_at_once() {
             .engine_request_limit(4)
             .engine_waiting_token_limit(1000),
     );
-    let Arrival::Admitted(_first) = state.arrive(None, Demand::of(Cost::prompt(600)), None, "a")
+    let Arrival::Admitted(_first) =
+        state.arrive(None, Demand::of(Cost::prompt(600)), None, "a", None)
     else {
         panic!("admitted")
     };
-    let Arrival::Queued(..) = state.arrive(None, Demand::of(Cost::prompt(900)), None, "long")
+    let Arrival::Queued(..) = state.arrive(None, Demand::of(Cost::prompt(900)), None, "long", None)
     else {
         panic!("the long prompt waits for the budget")
     };
@@ -222,6 +235,7 @@ fn an_arrival_ahead_of_every_queued_request_that_fits_is_admitted_at_once() {
         None,
         class(0, None),
         "b",
+        None,
     );
     assert!(
         matches!(same_band, Arrival::Queued(..)),
@@ -233,6 +247,7 @@ fn an_arrival_ahead_of_every_queued_request_that_fits_is_admitted_at_once() {
         None,
         class(5, None),
         "c",
+        None,
     );
     assert!(
         matches!(urgent, Arrival::Admitted(_)),
@@ -245,16 +260,17 @@ fn a_waiting_band_rises_one_band_per_aging_interval() {
     let start = Instant::now();
     let config = AdmissionConfig::new().aging_interval(Duration::from_secs(1));
     let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
-    state.advance(start);
-    let Arrival::Admitted(running) = state.arrive(None, Demand::default(), None, "running") else {
+    let now = Some(start);
+    let Arrival::Admitted(running) = state.arrive(None, Demand::default(), None, "running", now)
+    else {
         panic!("admitted")
     };
-    let low = queue(&mut state, "low", class(0, None));
-    state.advance(start + Duration::from_millis(2500));
+    let low = queue(&mut state, "low", class(0, None), now);
+    let now = Some(start + Duration::from_millis(2500));
     // The low band has risen two bands: it is level with priority 2 and,
     // older, goes first; priority 3 still goes before it.
-    let two = queue(&mut state, "two", class(2, None));
-    let three = queue(&mut state, "three", class(3, None));
+    let two = queue(&mut state, "two", class(2, None), now);
+    let three = queue(&mut state, "three", class(3, None), now);
     assert_eq!(
         serve_all(&mut state, running, vec![low, two, three]),
         ["three", "low", "two"]
@@ -267,10 +283,10 @@ fn configured_bands_group_priorities() {
     let (mut state, running) = busy(config, 10);
     // 3 and 7 are both in band 0: FIFO between them.
     let tickets = vec![
-        queue(&mut state, "three", class(3, None)),
-        queue(&mut state, "seven", class(7, None)),
-        queue(&mut state, "ten", class(10, None)),
-        queue(&mut state, "minus", class(-4, None)),
+        queue(&mut state, "three", class(3, None), None),
+        queue(&mut state, "seven", class(7, None), None),
+        queue(&mut state, "ten", class(10, None), None),
+        queue(&mut state, "minus", class(-4, None), None),
     ];
     assert_eq!(
         serve_all(&mut state, running, tickets),
@@ -281,10 +297,10 @@ fn configured_bands_group_priorities() {
 #[test]
 fn cancelling_a_tenants_head_keeps_its_turn_for_the_next() {
     let (mut state, running) = busy(AdmissionConfig::new(), 10);
-    let x1 = queue(&mut state, "X1", class(0, Some(tenant_a())));
-    let x2 = queue(&mut state, "X2", class(0, Some(tenant_a())));
-    let y1 = queue(&mut state, "Y1", class(0, Some(tenant_b())));
-    state.cancel(x1).unwrap();
+    let x1 = queue(&mut state, "X1", class(0, Some(tenant_a())), None);
+    let x2 = queue(&mut state, "X2", class(0, Some(tenant_a())), None);
+    let y1 = queue(&mut state, "Y1", class(0, Some(tenant_b())), None);
+    state.cancel(x1, None).unwrap();
     assert_eq!(serve_all(&mut state, running, vec![x2, y1]), ["X2", "Y1"]);
 }
 
@@ -295,13 +311,13 @@ fn a_cancel_storm_across_bands_and_tenants_gives_memory_back() {
     let tickets: Vec<Ticket> = (0..50_000u64)
         .map(|i| {
             let tenant = Tenant::from_id(i % 1000);
-            queue(&mut state, "r", class((i % 5) as i32, Some(tenant)))
+            queue(&mut state, "r", class((i % 5) as i32, Some(tenant)), None)
         })
         .collect();
     let mut order: Vec<usize> = (0..tickets.len()).collect();
     order.sort_by_key(|&i| (i * 7919) % tickets.len());
     for i in order {
-        state.cancel(tickets[i]).unwrap();
+        state.cancel(tickets[i], None).unwrap();
     }
     assert_eq!(state.view().total().queued, 0);
     assert!(state.unranked.queue.is_empty());
@@ -311,7 +327,7 @@ fn a_cancel_storm_across_bands_and_tenants_gives_memory_back() {
         "no band left"
     );
     assert!(state.entries.capacity() <= idle.max(64));
-    state.finish(&mut running);
+    state.finish(&mut running, None);
 }
 
 #[test]
@@ -320,8 +336,8 @@ fn predictive_rejection_counts_only_the_bands_a_request_waits_behind() {
     let config = AdmissionConfig::new().request_queue_wait_limit(Duration::from_millis(2500));
     let (mut state, mut running) = {
         let mut state = State::new(config.engine_request_limit(1).request_queue_limit(100));
-        state.advance(start);
-        let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running")
+        let now = Some(start);
+        let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running", now)
         else {
             panic!("the first request is admitted")
         };
@@ -329,26 +345,26 @@ fn predictive_rejection_counts_only_the_bands_a_request_waits_behind() {
     };
     // One admission from the queue after a second: the queue drains one
     // request a second.
-    let first = queue(&mut state, "first", class(0, None));
-    state.advance(start + Duration::from_secs(1));
-    state.finish(&mut running);
+    let first = queue(&mut state, "first", class(0, None), Some(start));
+    let now = Some(start + Duration::from_secs(1));
+    state.finish(&mut running, now);
     state.drain_offered(|_, _| {});
     let Polled::Admitted(mut running, _) = state.poll(first) else {
         panic!("first is admitted from the queue")
     };
     // One second of wait each: the second waits two in all.
-    queue(&mut state, "low", class(0, None));
-    queue(&mut state, "low", class(0, None));
+    queue(&mut state, "low", class(0, None), now);
+    queue(&mut state, "low", class(0, None), now);
     // Behind two of its own band, a request would wait three seconds.
     let Arrival::Rejected(overloaded) =
-        state.arrive_as(None, Demand::default(), None, class(0, None), "late")
+        state.arrive_as(None, Demand::default(), None, class(0, None), "late", now)
     else {
         panic!("three seconds of queue is over the 2.5-second limit")
     };
     assert_eq!(overloaded.reason(), RejectionReason::Deadline);
     // A higher band waits behind none of them.
-    let high = queue(&mut state, "high", class(1, None));
-    state.finish(&mut running);
+    let high = queue(&mut state, "high", class(1, None), now);
+    state.finish(&mut running, now);
     state.drain_offered(|_, _| {});
     assert!(matches!(state.poll(high), Polled::Admitted(_, "high")));
 }
@@ -364,7 +380,7 @@ fn serve_all(
     let mut running = running;
     let mut waiting = tickets;
     loop {
-        state.finish(&mut running);
+        state.finish(&mut running, None);
         let mut offered = Vec::new();
         state.drain_offered(|_, name| offered.push(*name));
         assert!(offered.len() <= 1, "one slot frees one place: {offered:?}");
@@ -627,7 +643,6 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
         config = config.engine_waiting_token_limit(1000);
     }
     let mut state: State<usize> = State::new(config);
-    state.advance(start);
     let mut model = Model {
         engine_limit: 2,
         queue_limit: 4,
@@ -669,7 +684,14 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
                 trial.push(i);
                 let leads = trial.head() == Some(i);
                 let queued = model.queued().count();
-                let arrival = state.arrive_as(None, demand, None, class(priority, tenant), i);
+                let arrival = state.arrive_as(
+                    None,
+                    demand,
+                    None,
+                    class(priority, tenant),
+                    i,
+                    Some(model.now),
+                );
                 if leads && model.engine_fits(prompt) {
                     model.reqs[i].phase = Phase::Admitted { waiting: true };
                     let Arrival::Admitted(grant) = arrival else {
@@ -734,10 +756,10 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
                 // even where aging has reordered the queue meanwhile.
                 let before = model.reqs[i].phase;
                 if matches!(op, Op::Finish(_)) {
-                    state.finish(grant);
+                    state.finish(grant, Some(model.now));
                     model.reqs[i].phase = Phase::Done;
                 } else {
-                    state.first_token(grant);
+                    state.first_token(grant, Some(model.now));
                     if before == (Phase::Admitted { waiting: true }) {
                         model.reqs[i].phase = Phase::Admitted { waiting: false };
                     }
@@ -755,7 +777,7 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
                 let Held::Queued(ticket) = held[i] else {
                     unreachable!()
                 };
-                state.cancel(ticket).unwrap();
+                state.cancel(ticket, Some(model.now)).unwrap();
                 held[i] = Held::Gone;
                 model.reqs[i].phase = Phase::Done;
                 model.leave(i, false);
@@ -763,7 +785,6 @@ fn run(ops: Vec<Op>, aging: bool, tokens: bool) -> Result<(), TestCaseError> {
             }
             Op::Advance(ms) => {
                 model.now += Duration::from_millis(ms);
-                state.advance(model.now);
             }
         }
         // The offers (admissions and displacements) agree, in order.
@@ -816,20 +837,20 @@ fn aging_bounds_the_wait_of_low_priority_work_under_a_steady_high_stream() {
     let start = Instant::now();
     let config = AdmissionConfig::new().aging_interval(interval);
     let mut state = State::new(config.engine_request_limit(1).request_queue_limit(100));
-    state.advance(start);
-    let Arrival::Admitted(mut running) = state.arrive(None, Demand::default(), None, "running")
+    let now = Some(start);
+    let Arrival::Admitted(mut running) =
+        state.arrive(None, Demand::default(), None, "running", now)
     else {
         panic!("admitted")
     };
-    let low = queue(&mut state, "low", class(0, None));
+    let low = queue(&mut state, "low", class(0, None), now);
     let mut waiting = vec![low];
     // Every step a priority-2 request arrives and the running one ends:
     // without aging the low request would wait for ever.
     for k in 1..=40u32 {
         let now = start + step * k;
-        state.advance(now);
-        waiting.push(queue(&mut state, "high", class(2, None)));
-        state.finish(&mut running);
+        waiting.push(queue(&mut state, "high", class(2, None), Some(now)));
+        state.finish(&mut running, Some(now));
         state.drain_offered(|_, _| {});
         let mut served = None;
         waiting.retain(|&ticket| match state.poll(ticket) {

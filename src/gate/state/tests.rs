@@ -8,7 +8,7 @@
 
 use proptest::prelude::*;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
 use crate::gate::types::{Cost, RejectionScope, Tally};
@@ -18,7 +18,8 @@ use crate::gate::types::{Cost, RejectionScope, Tally};
 /// tests of the queue discipline and of observation.
 pub(super) fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str>, Grant) {
     let mut state = State::new(config.engine_request_limit(1).request_queue_limit(queue));
-    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running") else {
+    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running", None)
+    else {
         panic!("the first request is admitted")
     };
     (state, holder)
@@ -27,17 +28,18 @@ pub(super) fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str
 // The unit tests speak in demands and classes; the driver describes a
 // request with a `Descriptor` (`State::receive`).
 impl<T> State<T> {
-    /// A request arrives, asking for `rank`, needing `demand`, with the
-    /// client's own `deadline` (from arrival), if any; for the unit tests,
-    /// which speak in demands.
+    /// A request arrives at `now`, asking for `rank`, needing `demand`,
+    /// with the client's own `deadline` (from arrival), if any; for the
+    /// unit tests, which speak in demands.
     pub(super) fn arrive(
         &mut self,
         rank: Option<u32>,
         demand: Demand,
         deadline: Option<Duration>,
         payload: T,
+        now: Option<Instant>,
     ) -> Arrival {
-        self.arrive_as(rank, demand, deadline, Class::default(), payload)
+        self.arrive_as(rank, demand, deadline, Class::default(), payload, now)
     }
 
     /// [`arrive`](Self::arrive) for a request of a class of service.
@@ -48,6 +50,7 @@ impl<T> State<T> {
         deadline: Option<Duration>,
         class: Class,
         payload: T,
+        now: Option<Instant>,
     ) -> Arrival {
         let mut descriptor = Descriptor::new()
             .with_rank(rank)
@@ -55,7 +58,7 @@ impl<T> State<T> {
         descriptor.tenant = class.tenant;
         descriptor.deadline = deadline;
         let bucket = self.recognise(rank);
-        self.arrive_in(bucket, &descriptor, demand, payload)
+        self.arrive_in(bucket, &descriptor, demand, payload, now)
     }
 }
 
@@ -463,7 +466,7 @@ impl Harness {
             for id in offered {
                 let ticket = self.tickets[id].take().expect("offered while queued");
                 if std::mem::take(&mut self.cancel_next_offer) {
-                    self.state.cancel(ticket).expect("a live ticket");
+                    self.state.cancel(ticket, None).expect("a live ticket");
                     self.model.finish(id);
                     self.model.tally.cancelled += 1;
                 } else {
@@ -481,7 +484,7 @@ impl Harness {
         match op {
             Op::Arrive(rank, cost) => {
                 let (id, expected) = self.model.arrive(rank, cost);
-                let arrival = self.state.arrive(rank, Demand::of(cost), None, id);
+                let arrival = self.state.arrive(rank, Demand::of(cost), None, id, None);
                 self.tickets.push(None);
                 self.grants.push(None);
                 let decision = match arrival {
@@ -509,7 +512,7 @@ impl Harness {
                 let admitted = self.ids(|phase| matches!(phase, Phase::Admitted { .. }));
                 if let Some(&id) = admitted.get(n % admitted.len().max(1)) {
                     let grant = self.grants[id].as_mut().unwrap();
-                    self.state.first_token(grant);
+                    self.state.first_token(grant, None);
                     assert!(!grant.is_waiting());
                     self.model.first_token(id);
                 }
@@ -518,10 +521,10 @@ impl Harness {
                 let admitted = self.ids(|phase| matches!(phase, Phase::Admitted { .. }));
                 if let Some(&id) = admitted.get(n % admitted.len().max(1)) {
                     let mut grant = self.grants[id].take().unwrap();
-                    self.state.finish(&mut grant);
+                    self.state.finish(&mut grant, None);
                     assert!(grant.is_released());
-                    self.state.finish(&mut grant); // a second end releases nothing
-                    self.state.first_token(&mut grant); // nor does a late token
+                    self.state.finish(&mut grant, None); // a second end releases nothing
+                    self.state.first_token(&mut grant, None); // nor does a late token
                     self.model.finish(id);
                 }
             }
@@ -529,7 +532,7 @@ impl Harness {
                 let queued = self.ids(|phase| phase == Phase::Queued);
                 if let Some(&id) = queued.get(n % queued.len().max(1)) {
                     let ticket = self.tickets[id].take().unwrap();
-                    let rank = self.state.cancel(ticket).expect("a live ticket");
+                    let rank = self.state.cancel(ticket, None).expect("a live ticket");
                     assert_eq!(rank, self.model.requests[id].bucket);
                     self.model.finish(id);
                     self.model.tally.cancelled += 1;
@@ -542,19 +545,19 @@ impl Harness {
                     let bucket = self.model.requests[id].bucket;
                     self.model.finish(id);
                     let expected = self.model.reject(bucket, true);
-                    let Expiry::Rejected(overloaded, rank) = self.state.expire(ticket) else {
+                    let Expiry::Rejected(overloaded, rank) = self.state.expire(ticket, None) else {
                         panic!("a queued request expires");
                     };
                     assert_eq!(rank, bucket);
                     assert_eq!(overloaded.reason(), RejectionReason::Deadline);
                     assert_eq!(Decision::Rejected(overloaded.scope()), expected);
-                    assert!(matches!(self.state.expire(ticket), Expiry::Stale));
+                    assert!(matches!(self.state.expire(ticket, None), Expiry::Stale));
                 }
             }
             Op::Report(capacity) => {
                 let before = self.model.limits();
                 let ranks_before = self.model.ranks();
-                self.state.report_capacity(capacity);
+                self.state.report_capacity(capacity, None);
                 self.model.report(capacity);
                 let after = self.model.limits();
                 if after.engine_request_limit < before.engine_request_limit
@@ -649,54 +652,58 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
             .engine_request_limit(1)
             .request_queue_limit(100_000),
     );
-    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0) else {
+    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0, None) else {
         panic!("the first request is admitted")
     };
     let idle = state.entries.capacity();
     let tickets: Vec<Ticket> = (0..100_000)
-        .map(|id| match state.arrive(None, Demand::default(), None, id) {
-            Arrival::Queued(ticket, _) => ticket,
-            other => panic!("expected queued, got {other:?}"),
-        })
+        .map(
+            |id| match state.arrive(None, Demand::default(), None, id, None) {
+                Arrival::Queued(ticket, _) => ticket,
+                other => panic!("expected queued, got {other:?}"),
+            },
+        )
         .collect();
     assert!(state.entries.capacity() >= 100_000);
     // Cancel in a scattered order.
     let mut order: Vec<usize> = (0..tickets.len()).collect();
     order.sort_by_key(|&i| (i * 7919) % tickets.len());
     for i in order {
-        state.cancel(tickets[i]).unwrap();
+        state.cancel(tickets[i], None).unwrap();
     }
     assert_eq!(state.view().total().queued, 0);
     assert!(state.entries.capacity() <= idle.max(64));
-    state.finish(&mut holder);
+    state.finish(&mut holder, None);
     assert_eq!(state.view().tally().cancelled, 100_000);
 }
 
 #[test]
 fn unlinking_from_the_middle_keeps_the_queue_order() {
     let mut state = State::new(AdmissionConfig::new().engine_request_limit(1));
-    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0) else {
+    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0, None) else {
         panic!("the first request is admitted")
     };
     let tickets: Vec<Ticket> = (1..=5)
-        .map(|id| match state.arrive(None, Demand::default(), None, id) {
-            Arrival::Queued(ticket, _) => ticket,
-            other => panic!("expected queued, got {other:?}"),
-        })
+        .map(
+            |id| match state.arrive(None, Demand::default(), None, id, None) {
+                Arrival::Queued(ticket, _) => ticket,
+                other => panic!("expected queued, got {other:?}"),
+            },
+        )
         .collect();
     for i in [2, 4, 0] {
-        state.cancel(tickets[i]).unwrap();
+        state.cancel(tickets[i], None).unwrap();
     }
     let mut order = Vec::new();
     let mut remaining = vec![tickets[1], tickets[3]];
-    state.finish(&mut holder);
+    state.finish(&mut holder, None);
     while !remaining.is_empty() {
         state.drain_offered(|_, &mut id| order.push(id));
         let ticket = remaining.remove(0);
         let Polled::Admitted(mut grant, _) = state.poll(ticket) else {
             panic!("offered in order")
         };
-        state.finish(&mut grant);
+        state.finish(&mut grant, None);
     }
     assert_eq!(order, vec![2, 4]);
 }
@@ -708,28 +715,28 @@ fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
             .engine_request_limit(1)
             .request_queue_limit(2),
     );
-    let Arrival::Admitted(mut a) = state.arrive(None, Demand::default(), None, "a") else {
+    let Arrival::Admitted(mut a) = state.arrive(None, Demand::default(), None, "a", None) else {
         panic!("the first request is admitted")
     };
-    let Arrival::Queued(b, _) = state.arrive(None, Demand::default(), None, "b") else {
+    let Arrival::Queued(b, _) = state.arrive(None, Demand::default(), None, "b", None) else {
         panic!("the second request waits")
     };
-    state.finish(&mut a);
+    state.finish(&mut a, None);
     let Polled::Admitted(mut b_grant, _) = state.poll(b) else {
         panic!("b was offered the freed capacity")
     };
     // c takes the slot b's entry had.
-    let Arrival::Queued(c, _) = state.arrive(None, Demand::default(), None, "c") else {
+    let Arrival::Queued(c, _) = state.arrive(None, Demand::default(), None, "c", None) else {
         panic!("the third request waits")
     };
     assert_eq!(c.slot, b.slot, "the slab reuses the slot");
-    assert!(state.cancel(b).is_err(), "b's ticket is spent");
+    assert!(state.cancel(b, None).is_err(), "b's ticket is spent");
     assert!(matches!(state.poll(b), Polled::Stale));
     assert_eq!(state.view().total().queued, 1, "c is still queued");
-    state.finish(&mut b_grant);
+    state.finish(&mut b_grant, None);
     let Polled::Admitted(mut c_grant, "c") = state.poll(c) else {
         panic!("c is admitted once b ends")
     };
-    state.finish(&mut c_grant);
+    state.finish(&mut c_grant, None);
     assert_eq!(state.view().tally().cancelled, 0);
 }
