@@ -172,6 +172,14 @@ pub struct Counts {
     pub queued_tokens: usize,
 }
 
+/// Adds each named field of `$other` to the same field of `$into`: the
+/// one rule by which counts and tallies are summed over buckets.
+macro_rules! add_fields {
+    ($into:ident, $other:ident; $($field:ident),+ $(,)?) => {
+        $($into.$field += $other.$field;)+
+    };
+}
+
 impl Counts {
     /// Counts of `engine_requests`, `engine_waiting` and `queued` requests,
     /// with no tokens.
@@ -201,12 +209,8 @@ impl Counts {
     }
 
     pub(crate) fn add(&mut self, other: &Counts) {
-        self.engine_requests += other.engine_requests;
-        self.engine_waiting += other.engine_waiting;
-        self.queued += other.queued;
-        self.engine_tokens += other.engine_tokens;
-        self.engine_waiting_tokens += other.engine_waiting_tokens;
-        self.queued_tokens += other.queued_tokens;
+        add_fields!(self, other; engine_requests, engine_waiting, queued,
+            engine_tokens, engine_waiting_tokens, queued_tokens);
     }
 
     /// Whether nothing is admitted or queued.
@@ -473,17 +477,9 @@ impl Tally {
     }
 
     pub(crate) fn add(&mut self, other: &Tally) {
-        self.received += other.received;
-        self.admitted_direct += other.admitted_direct;
-        self.admitted_queue += other.admitted_queue;
-        self.rejected_rank += other.rejected_rank;
-        self.rejected_worker += other.rejected_worker;
-        self.expired_rank += other.expired_rank;
-        self.expired_worker += other.expired_worker;
-        self.displaced_rank += other.displaced_rank;
-        self.displaced_worker += other.displaced_worker;
-        self.shed_worker += other.shed_worker;
-        self.cancelled += other.cancelled;
+        add_fields!(self, other; received, admitted_direct, admitted_queue,
+            rejected_rank, rejected_worker, expired_rank, expired_worker,
+            displaced_rank, displaced_worker, shed_worker, cancelled);
     }
 }
 
