@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::tests::busy;
+use super::tests::{busy, busy_at};
 use super::*;
 
 fn class(priority: i32) -> Class {
@@ -164,13 +164,8 @@ fn an_aged_request_stays_in_the_band_it_arrived_in() {
     let config = AdmissionConfig::new()
         .priority_bands([0, 10])
         .aging_interval(Duration::from_secs(1));
-    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
     let now = Some(start);
-    let Arrival::Admitted(mut running) =
-        state.arrive(None, Demand::default(), None, "running", now)
-    else {
-        panic!("admitted")
-    };
+    let (mut state, mut running) = busy_at(config, 10, now);
     let low = queue(&mut state, "low", 0, now);
     let now = Some(start + Duration::from_secs(5));
     queue(&mut state, "high", 10, now);
@@ -187,13 +182,8 @@ fn an_expired_request_is_rejected_in_its_band() {
     let config = AdmissionConfig::new()
         .priority_bands([0, 10])
         .request_queue_wait_limit(Duration::from_secs(1));
-    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
     let now = Some(start);
-    let Arrival::Admitted(mut running) =
-        state.arrive(None, Demand::default(), None, "running", now)
-    else {
-        panic!("admitted")
-    };
+    let (mut state, mut running) = busy_at(config, 10, now);
     let high = queue(&mut state, "high", 10, now);
     let now = Some(start + Duration::from_secs(2));
     assert!(matches!(state.expire(high, now), Expiry::Rejected(..)));

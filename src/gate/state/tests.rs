@@ -17,8 +17,17 @@ use crate::gate::types::{Cost, RejectionScope, Tally};
 /// holds it until `finish`ed; `queue` places behind it. Shared by the unit
 /// tests of the queue discipline and of observation.
 pub(super) fn busy(config: AdmissionConfig, queue: usize) -> (State<&'static str>, Grant) {
+    busy_at(config, queue, None)
+}
+
+/// [`busy`], the slot taken at `now`.
+pub(super) fn busy_at(
+    config: AdmissionConfig,
+    queue: usize,
+    now: Option<Instant>,
+) -> (State<&'static str>, Grant) {
     let mut state = State::new(config.engine_request_limit(1).request_queue_limit(queue));
-    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running", None)
+    let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running", now)
     else {
         panic!("the first request is admitted")
     };
