@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 use std::time::Duration;
 
-use super::tests::busy;
+use super::tests::{busy, busy_at};
 use super::*;
 use crate::gate::types::{Cost, RejectionScope};
 
@@ -334,15 +334,7 @@ fn a_cancel_storm_across_bands_and_tenants_gives_memory_back() {
 fn predictive_rejection_counts_only_the_bands_a_request_waits_behind() {
     let start = Instant::now();
     let config = AdmissionConfig::new().request_queue_wait_limit(Duration::from_millis(2500));
-    let (mut state, mut running) = {
-        let mut state = State::new(config.engine_request_limit(1).request_queue_limit(100));
-        let now = Some(start);
-        let Arrival::Admitted(holder) = state.arrive(None, Demand::default(), None, "running", now)
-        else {
-            panic!("the first request is admitted")
-        };
-        (state, holder)
-    };
+    let (mut state, mut running) = busy_at(config, 100, Some(start));
     // One admission from the queue after a second: the queue drains one
     // request a second.
     let first = queue(&mut state, "first", class(0, None), Some(start));
@@ -836,14 +828,8 @@ fn aging_bounds_the_wait_of_low_priority_work_under_a_steady_high_stream() {
     let step = Duration::from_millis(250);
     let start = Instant::now();
     let config = AdmissionConfig::new().aging_interval(interval);
-    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(100));
-    let now = Some(start);
-    let Arrival::Admitted(mut running) =
-        state.arrive(None, Demand::default(), None, "running", now)
-    else {
-        panic!("admitted")
-    };
-    let low = queue(&mut state, "low", class(0, None), now);
+    let (mut state, mut running) = busy_at(config, 100, Some(start));
+    let low = queue(&mut state, "low", class(0, None), Some(start));
     let mut waiting = vec![low];
     // Every step a priority-2 request arrives and the running one ends:
     // without aging the low request would wait for ever.
