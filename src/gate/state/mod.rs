@@ -649,6 +649,8 @@ mod adaptive_tests;
 #[cfg(test)]
 mod observe_tests;
 #[cfg(test)]
+mod qos_model_tests;
+#[cfg(test)]
 mod qos_tests;
 #[cfg(test)]
 mod tests;
