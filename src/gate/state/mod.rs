@@ -653,4 +653,6 @@ mod qos_model_tests;
 #[cfg(test)]
 mod qos_tests;
 #[cfg(test)]
+mod slot_tests;
+#[cfg(test)]
 mod tests;
