@@ -298,7 +298,7 @@ impl<T> State<T> {
         }
         let expires_at = budget.and_then(|(budget, _)| at?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
-        let ticket = self.enqueue(bucket, demand, client, tenant, rung, payload, now);
+        let ticket = self.enqueue(bucket, demand, client, (rung, tenant), payload, now);
         if displaced || self.ladder.ages() {
             // A displaced head uncovers the next, and aging reorders heads.
             self.dequeue(now);
@@ -542,13 +542,14 @@ impl<T> State<T> {
             .filter(|entry| entry.node.seq == ticket.seq)
     }
 
+    /// Queues a request of `demand` in `key`'s queue at `(rung, tenant)`,
+    /// at the gate's time `now`.
     fn enqueue(
         &mut self,
         key: BucketKey,
         demand: Demand,
         client_deadline: bool,
-        tenant: Option<Tenant>,
-        rung: i64,
+        (rung, tenant): (i64, Option<Tenant>),
         payload: T,
         now: Option<Instant>,
     ) -> Ticket {
