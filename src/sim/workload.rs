@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::SeedableRng;
 use rand_distr::{Distribution, Gamma, LogNormal};
 
 /// A distribution of token counts.
@@ -54,6 +54,15 @@ pub struct MixPart {
     pub max: usize,
 }
 
+/// ShareGPT-like prompt lengths, the short part of every mix and
+/// [`Lengths::sharegpt_prompt`].
+const SHAREGPT_PROMPT: MixPart = MixPart {
+    mean: 161.0,
+    sigma: 1.0,
+    min: 4,
+    max: 4096,
+};
+
 impl MixPart {
     fn lengths(self) -> Lengths {
         Lengths::LogNormal {
@@ -69,12 +78,7 @@ impl Lengths {
     /// ShareGPT-like prompt lengths: lognormal, mean 161 tokens, sigma 1.0
     /// (median 98), clipped to 4..=4096.
     pub fn sharegpt_prompt() -> Lengths {
-        Lengths::LogNormal {
-            mean: 161.0,
-            sigma: 1.0,
-            min: 4,
-            max: 4096,
-        }
+        SHAREGPT_PROMPT.lengths()
     }
 
     /// ShareGPT-like output lengths: lognormal, mean 338 tokens, sigma 0.9
@@ -94,12 +98,7 @@ impl Lengths {
     /// The mean is about 730 tokens.
     pub fn long_prompt_mix() -> Lengths {
         Lengths::Mix {
-            short: MixPart {
-                mean: 161.0,
-                sigma: 1.0,
-                min: 4,
-                max: 4096,
-            },
+            short: SHAREGPT_PROMPT,
             long: MixPart {
                 mean: 3000.0,
                 sigma: 0.5,
@@ -118,12 +117,7 @@ impl Lengths {
     /// alone.
     pub fn long_document_mix() -> Lengths {
         Lengths::Mix {
-            short: MixPart {
-                mean: 161.0,
-                sigma: 1.0,
-                min: 4,
-                max: 4096,
-            },
+            short: SHAREGPT_PROMPT,
             long: MixPart {
                 mean: 12_000.0,
                 sigma: 0.3,
@@ -285,16 +279,12 @@ mod tests {
         let (output, _) = mean(arrivals.iter().map(|a| a.output_tokens as f64));
         assert!((150.0..170.0).contains(&prompt), "{prompt}");
         assert!((320.0..350.0).contains(&output), "{output}");
-        assert!(
-            arrivals
-                .iter()
-                .all(|a| (4..=4096).contains(&a.prompt_tokens))
-        );
-        assert!(
-            arrivals
-                .iter()
-                .all(|a| (1..=2048).contains(&a.output_tokens))
-        );
+        assert!(arrivals
+            .iter()
+            .all(|a| (4..=4096).contains(&a.prompt_tokens)));
+        assert!(arrivals
+            .iter()
+            .all(|a| (1..=2048).contains(&a.output_tokens)));
     }
 
     #[test]
@@ -375,11 +365,9 @@ mod tests {
             output_tokens: Lengths::Fixed(9),
             ..Workload::sharegpt(1.0)
         };
-        assert!(
-            workload
-                .arrivals(0)
-                .take(10)
-                .all(|a| (a.prompt_tokens, a.output_tokens) == (7, 9))
-        );
+        assert!(workload
+            .arrivals(0)
+            .take(10)
+            .all(|a| (a.prompt_tokens, a.output_tokens) == (7, 9)));
     }
 }
