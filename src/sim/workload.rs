@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use rand::rngs::StdRng;
 use rand::SeedableRng;
+use rand::rngs::StdRng;
 use rand_distr::{Distribution, Gamma, LogNormal};
 
 /// A distribution of token counts.
@@ -279,12 +279,16 @@ mod tests {
         let (output, _) = mean(arrivals.iter().map(|a| a.output_tokens as f64));
         assert!((150.0..170.0).contains(&prompt), "{prompt}");
         assert!((320.0..350.0).contains(&output), "{output}");
-        assert!(arrivals
-            .iter()
-            .all(|a| (4..=4096).contains(&a.prompt_tokens)));
-        assert!(arrivals
-            .iter()
-            .all(|a| (1..=2048).contains(&a.output_tokens)));
+        assert!(
+            arrivals
+                .iter()
+                .all(|a| (4..=4096).contains(&a.prompt_tokens))
+        );
+        assert!(
+            arrivals
+                .iter()
+                .all(|a| (1..=2048).contains(&a.output_tokens))
+        );
     }
 
     #[test]
@@ -365,9 +369,11 @@ mod tests {
             output_tokens: Lengths::Fixed(9),
             ..Workload::sharegpt(1.0)
         };
-        assert!(workload
-            .arrivals(0)
-            .take(10)
-            .all(|a| (a.prompt_tokens, a.output_tokens) == (7, 9)));
+        assert!(
+            workload
+                .arrivals(0)
+                .take(10)
+                .all(|a| (a.prompt_tokens, a.output_tokens) == (7, 9))
+        );
     }
 }
