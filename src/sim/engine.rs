@@ -494,6 +494,11 @@ mod tests {
             .unwrap()
     }
 
+    /// Runs `test` on a paused clock with an engine of `config`.
+    fn with_engine<F: Future>(config: EngineConfig, test: impl FnOnce(SimEngine) -> F) {
+        paused().block_on(async { test(SimEngine::new(config)).await });
+    }
+
     fn request(prompt_tokens: usize, output_tokens: usize) -> Request {
         Request {
             prompt_tokens,
@@ -572,118 +577,123 @@ mod tests {
 
     #[test]
     fn time_scale_stretches_the_clock_the_clients_see() {
-        paused().block_on(async {
-            let config = EngineConfig {
+        with_engine(
+            EngineConfig {
                 time_scale: 10.0,
                 ..EngineConfig::default()
-            };
-            let engine = SimEngine::new(config);
-            let start = Instant::now();
-            let mut stream = engine.submit(request(16, 1)).unwrap();
-            stream.next_token().await.unwrap();
-            // 6.029 ms of model time, 60.29 ms on the clock.
-            assert_eq!(start.elapsed().as_millis(), 61);
-            assert_eq!(engine.stats().busy, Duration::from_micros(6029));
-        });
+            },
+            |engine| async move {
+                let start = Instant::now();
+                let mut stream = engine.submit(request(16, 1)).unwrap();
+                stream.next_token().await.unwrap();
+                // 6.029 ms of model time, 60.29 ms on the clock.
+                assert_eq!(start.elapsed().as_millis(), 61);
+                assert_eq!(engine.stats().busy, Duration::from_micros(6029));
+            },
+        );
     }
 
     #[test]
     fn dropping_the_stream_cancels_the_request_and_frees_its_slot() {
-        paused().block_on(async {
-            let config = EngineConfig {
+        with_engine(
+            EngineConfig {
                 max_num_seqs: 1,
                 ..EngineConfig::default()
-            };
-            let engine = SimEngine::new(config);
-            let mut first = engine.submit(request(10, 1000)).unwrap();
-            let mut second = engine.submit(request(10, 2)).unwrap();
-            first.next_token().await.unwrap();
-            assert_eq!(engine.stats().running, 1);
-            assert_eq!(engine.stats().waiting, 1);
-            drop(first);
-            // The freed slot goes to the waiting request at once.
-            assert_eq!(second.next_token().await.unwrap().index, 0);
-            let stats = engine.stats();
-            assert_eq!(stats.cancelled, 1);
-            assert_eq!((stats.running, stats.waiting), (1, 0));
-        });
+            },
+            |engine| async move {
+                let mut first = engine.submit(request(10, 1000)).unwrap();
+                let mut second = engine.submit(request(10, 2)).unwrap();
+                first.next_token().await.unwrap();
+                assert_eq!(engine.stats().running, 1);
+                assert_eq!(engine.stats().waiting, 1);
+                drop(first);
+                // The freed slot goes to the waiting request at once.
+                assert_eq!(second.next_token().await.unwrap().index, 0);
+                let stats = engine.stats();
+                assert_eq!(stats.cancelled, 1);
+                assert_eq!((stats.running, stats.waiting), (1, 0));
+            },
+        );
     }
 
     #[test]
     fn unranked_requests_go_to_the_least_loaded_rank() {
-        paused().block_on(async {
-            let config = EngineConfig {
+        with_engine(
+            EngineConfig {
                 dp_ranks: 3,
                 ..EngineConfig::default()
-            };
-            let engine = SimEngine::new(config);
-            let pinned = engine
-                .submit(Request {
-                    rank: Some(0),
-                    ..request(10, 10)
-                })
-                .unwrap();
-            assert_eq!(pinned.rank(), 0);
-            let streams: Vec<_> = (0..2)
-                .map(|_| engine.submit(request(10, 10)).unwrap())
-                .collect();
-            let ranks: Vec<_> = streams.iter().map(TokenStream::rank).collect();
-            assert_eq!(ranks, [1, 2]);
-            assert_eq!(
-                engine
+            },
+            |engine| async move {
+                let pinned = engine
                     .submit(Request {
-                        rank: Some(3),
-                        ..request(1, 1)
+                        rank: Some(0),
+                        ..request(10, 10)
                     })
-                    .unwrap_err(),
-                SubmitError::UnknownRank(3)
-            );
-            assert_eq!(engine.capacity(), EngineCapacity::new(256, 3));
-        });
+                    .unwrap();
+                assert_eq!(pinned.rank(), 0);
+                let streams: Vec<_> = (0..2)
+                    .map(|_| engine.submit(request(10, 10)).unwrap())
+                    .collect();
+                let ranks: Vec<_> = streams.iter().map(TokenStream::rank).collect();
+                assert_eq!(ranks, [1, 2]);
+                assert_eq!(
+                    engine
+                        .submit(Request {
+                            rank: Some(3),
+                            ..request(1, 1)
+                        })
+                        .unwrap_err(),
+                    SubmitError::UnknownRank(3)
+                );
+                assert_eq!(engine.capacity(), EngineCapacity::new(256, 3));
+            },
+        );
     }
 
     #[test]
     fn a_request_that_can_never_fit_the_kv_cache_is_refused() {
-        paused().block_on(async {
-            let config = EngineConfig {
+        with_engine(
+            EngineConfig {
                 kv_blocks: 10,
                 ..EngineConfig::default()
-            };
-            let engine = SimEngine::new(config);
-            assert_eq!(
-                engine.submit(request(150, 11)).unwrap_err(),
-                SubmitError::TooLong {
-                    tokens: 161,
-                    kv_tokens: 160
-                }
-            );
-            assert!(engine.submit(request(150, 10)).is_ok());
-        });
+            },
+            |engine| async move {
+                assert_eq!(
+                    engine.submit(request(150, 11)).unwrap_err(),
+                    SubmitError::TooLong {
+                        tokens: 161,
+                        kv_tokens: 160
+                    }
+                );
+                assert!(engine.submit(request(150, 10)).is_ok());
+            },
+        );
     }
 
     #[test]
     fn the_engine_preempts_when_kv_runs_out_and_still_finishes_everything() {
-        paused().block_on(async {
-            let config = EngineConfig {
+        with_engine(
+            EngineConfig {
                 kv_blocks: 64, // 1024 tokens for four requests of up to 516
                 ..EngineConfig::default()
-            };
-            let engine = SimEngine::new(config);
-            let mut streams: Vec<_> = (0..4)
-                .map(|_| engine.submit(request(16, 500)).unwrap())
-                .collect();
-            for stream in &mut streams {
-                let mut expected = 0;
-                while let Some(token) = stream.next_token().await {
-                    assert_eq!(token.index, expected, "no token is lost or repeated");
-                    expected += 1;
+            },
+            |engine| async move {
+                let mut streams: Vec<_> = (0..4)
+                    .map(|_| engine.submit(request(16, 500)).unwrap())
+                    .collect();
+                for stream in &mut streams {
+                    let mut expected = 0;
+                    while let Some(token) = stream.next_token().await {
+                        assert_eq!(token.index, expected, "no token is lost or repeated");
+                        expected += 1;
+                    }
+                    assert_eq!(expected, 500);
                 }
-                assert_eq!(expected, 500);
-            }
-            let stats = engine.stats();
-            assert!(stats.preemptions > 0, "{stats:?}");
-            assert_eq!(stats.completed, 4);
-            assert_eq!(stats.kv_blocks_used, 0);
-        });
+                let stats = engine.stats();
+                assert!(stats.preemptions > 0, "{stats:?}");
+                assert_eq!(stats.completed, 4);
+                assert_eq!(stats.kv_blocks_used, 0);
+            },
+        );
     }
 }

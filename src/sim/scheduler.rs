@@ -288,6 +288,11 @@ mod tests {
 
     /// Runs one step and returns the batch and the `(request, token)` pairs
     /// it emitted.
+    /// The token `index` of request `id`, as the scheduler reports it.
+    fn token(id: u64, index: usize, last: bool) -> (u64, Token) {
+        (id, Token { index, last })
+    }
+
     fn step(scheduler: &mut Scheduler<u64>) -> (Batch, Vec<(u64, Token)>) {
         let batch = scheduler.schedule();
         let mut tokens = Vec::new();
@@ -308,31 +313,13 @@ mod tests {
         assert!(tokens.is_empty());
         let (batch, tokens) = step(&mut scheduler);
         assert_eq!((batch.prefill_tokens, batch.decode_tokens), (50, 0));
-        assert_eq!(
-            tokens,
-            [(
-                1,
-                Token {
-                    index: 0,
-                    last: false
-                }
-            )]
-        );
+        assert_eq!(tokens, [token(1, 0, false)]);
         // Then one token per step, as decode work.
         let (batch, tokens) = step(&mut scheduler);
         assert_eq!((batch.prefill_tokens, batch.decode_tokens), (0, 1));
         assert_eq!(tokens[0].1.index, 1);
         let (_, tokens) = step(&mut scheduler);
-        assert_eq!(
-            tokens,
-            [(
-                1,
-                Token {
-                    index: 2,
-                    last: true
-                }
-            )]
-        );
+        assert_eq!(tokens, [token(1, 2, true)]);
         assert!(scheduler.is_idle());
         assert_eq!(scheduler.occupancy().kv_blocks_used, 0);
     }
@@ -398,30 +385,12 @@ mod tests {
         assert_eq!(batch.preempted, 1);
         // Request 1 finishes (its 3rd token) and frees its blocks.
         let (_, tokens) = step(&mut scheduler);
-        assert_eq!(
-            tokens,
-            [(
-                1,
-                Token {
-                    index: 2,
-                    last: true
-                }
-            )]
-        );
+        assert_eq!(tokens, [token(1, 2, true)]);
         // Request 2 recomputes prompt + its one sampled token (17 tokens)
         // as prefill, then samples its *second* token: nothing is repeated.
         let (batch, tokens) = step(&mut scheduler);
         assert_eq!((batch.prefill_tokens, batch.decode_tokens), (17, 0));
-        assert_eq!(
-            tokens,
-            [(
-                2,
-                Token {
-                    index: 1,
-                    last: false
-                }
-            )]
-        );
+        assert_eq!(tokens, [token(2, 1, false)]);
     }
 
     #[test]

@@ -54,6 +54,15 @@ pub struct MixPart {
     pub max: usize,
 }
 
+/// ShareGPT-like prompt lengths, the short part of every mix and
+/// [`Lengths::sharegpt_prompt`].
+const SHAREGPT_PROMPT: MixPart = MixPart {
+    mean: 161.0,
+    sigma: 1.0,
+    min: 4,
+    max: 4096,
+};
+
 impl MixPart {
     fn lengths(self) -> Lengths {
         Lengths::LogNormal {
@@ -69,12 +78,7 @@ impl Lengths {
     /// ShareGPT-like prompt lengths: lognormal, mean 161 tokens, sigma 1.0
     /// (median 98), clipped to 4..=4096.
     pub fn sharegpt_prompt() -> Lengths {
-        Lengths::LogNormal {
-            mean: 161.0,
-            sigma: 1.0,
-            min: 4,
-            max: 4096,
-        }
+        SHAREGPT_PROMPT.lengths()
     }
 
     /// ShareGPT-like output lengths: lognormal, mean 338 tokens, sigma 0.9
@@ -94,12 +98,7 @@ impl Lengths {
     /// The mean is about 730 tokens.
     pub fn long_prompt_mix() -> Lengths {
         Lengths::Mix {
-            short: MixPart {
-                mean: 161.0,
-                sigma: 1.0,
-                min: 4,
-                max: 4096,
-            },
+            short: SHAREGPT_PROMPT,
             long: MixPart {
                 mean: 3000.0,
                 sigma: 0.5,
@@ -118,12 +117,7 @@ impl Lengths {
     /// alone.
     pub fn long_document_mix() -> Lengths {
         Lengths::Mix {
-            short: MixPart {
-                mean: 161.0,
-                sigma: 1.0,
-                min: 4,
-                max: 4096,
-            },
+            short: SHAREGPT_PROMPT,
             long: MixPart {
                 mean: 12_000.0,
                 sigma: 0.3,

@@ -359,56 +359,58 @@ pub struct Scenario {
 /// | `retry` | clients retry rejections ([`Retry::default`]) |
 /// | `give-up` | clients cancel a request without a first token at the TTFT objective |
 pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
-    let with = |f: &dyn Fn(&mut SweepConfig)| {
+    let scenario = |name, description, edit: &dyn Fn(&mut SweepConfig)| {
         let mut config = base.clone();
-        f(&mut config);
-        config
+        edit(&mut config);
+        Scenario {
+            name,
+            description,
+            config,
+        }
     };
     vec![
-        Scenario {
-            name: "base",
-            description: "Poisson arrivals, ShareGPT-like lengths, patient clients",
-            config: base.clone(),
-        },
-        Scenario {
-            name: "bursty",
-            description: "gamma arrivals, shape 0.25",
-            config: with(&|c| c.burstiness = 0.25),
-        },
-        Scenario {
-            name: "ranks",
-            description: "4 ranks, half the requests ranked, half unranked",
-            config: with(&|c| {
+        scenario(
+            "base",
+            "Poisson arrivals, ShareGPT-like lengths, patient clients",
+            &|_| {},
+        ),
+        scenario("bursty", "gamma arrivals, shape 0.25", &|c| {
+            c.burstiness = 0.25
+        }),
+        scenario(
+            "ranks",
+            "4 ranks, half the requests ranked, half unranked",
+            &|c| {
                 c.engine.dp_ranks = 4;
                 c.ranked = 0.5;
-            }),
-        },
-        Scenario {
-            name: "long",
-            description: "long-prompt mix: 1 in 5 prompts ~3000 tokens",
-            config: with(&|c| {
+            },
+        ),
+        scenario(
+            "long",
+            "long-prompt mix: 1 in 5 prompts ~3000 tokens",
+            &|c| {
                 c.prompt_tokens = Lengths::long_prompt_mix();
                 c.long_prompt_tokens = 1024;
-            }),
-        },
-        Scenario {
-            name: "long-docs",
-            description: "long-document mix: 1 in 10 prompts of 8k-20k tokens",
-            config: with(&|c| {
+            },
+        ),
+        scenario(
+            "long-docs",
+            "long-document mix: 1 in 10 prompts of 8k-20k tokens",
+            &|c| {
                 c.prompt_tokens = Lengths::long_document_mix();
                 c.long_prompt_tokens = 8192;
-            }),
-        },
-        Scenario {
-            name: "retry",
-            description: "clients retry rejections: 3 retries, backoff 250 ms..4 s, budget 0.2/request",
-            config: with(&|c| c.clients = Clients::Retry(Retry::default())),
-        },
-        Scenario {
-            name: "give-up",
-            description: "clients cancel at the TTFT objective without a first token",
-            config: with(&|c| c.clients = Clients::GiveUp { after: c.slo.ttft }),
-        },
+            },
+        ),
+        scenario(
+            "retry",
+            "clients retry rejections: 3 retries, backoff 250 ms..4 s, budget 0.2/request",
+            &|c| c.clients = Clients::Retry(Retry::default()),
+        ),
+        scenario(
+            "give-up",
+            "clients cancel at the TTFT objective without a first token",
+            &|c| c.clients = Clients::GiveUp { after: c.slo.ttft },
+        ),
     ]
 }
 
