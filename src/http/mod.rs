@@ -316,6 +316,7 @@ mod admission;
 mod cost;
 mod describe;
 mod estimate;
+mod extension;
 mod qos;
 mod rank;
 mod reject;
@@ -331,6 +332,7 @@ pub use self::cost::{
 pub use self::describe::{
     ByRank, CostExtension, DeadlineHeader, Describe, GrpcTimeout, QosExtension,
 };
+pub use self::extension::{ExtensionKind, SetExtension, SetExtensionLayer, SetsCost, SetsQos};
 pub use self::qos::{Priority, Qos, QosExtractor, QosHeaders, QosLayer, SetQos};
 pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
 pub use self::reject::{ORIGIN, REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};

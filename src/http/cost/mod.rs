@@ -43,6 +43,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::estimate::{CountTokens, estimate};
+use super::extension::{SetExtension, SetExtensionLayer, SetsCost};
 use crate::gate::Cost;
 use crate::headers::single_value;
 
@@ -120,57 +121,13 @@ impl<B> CostExtractor<B> for CostHeader {
     }
 }
 
-/// Sets each request's [`Cost`] extension with a [`CostExtractor`].
-#[derive(Debug, Clone)]
-pub struct CostLayer<E> {
-    extractor: E,
-}
-
-impl<E> CostLayer<E> {
-    /// A layer that asks `extractor` for each request's cost.
-    pub fn new(extractor: E) -> Self {
-        CostLayer { extractor }
-    }
-}
-
-impl<S, E: Clone> Layer<S> for CostLayer<E> {
-    type Service = SetCost<S, E>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        SetCost {
-            inner,
-            extractor: self.extractor.clone(),
-        }
-    }
-}
+/// Sets each request's [`Cost`] extension with a [`CostExtractor`]; goes
+/// outside (before) the admission layer. What the extractor cannot tell
+/// leaves the extension as it was. `CostLayer::new(extractor)`.
+pub type CostLayer<E> = SetExtensionLayer<E, SetsCost>;
 
 /// The service of [`CostLayer`].
-#[derive(Debug, Clone)]
-pub struct SetCost<S, E> {
-    inner: S,
-    extractor: E,
-}
-
-impl<S, E, B> Service<Request<B>> for SetCost<S, E>
-where
-    S: Service<Request<B>>,
-    E: CostExtractor<B>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if let Some(cost) = self.extractor.cost(&req) {
-            req.extensions_mut().insert(cost);
-        }
-        self.inner.call(req)
-    }
-}
+pub type SetCost<S, E> = SetExtension<S, E, SetsCost>;
 
 /// Counts the tokens of a prompt text.
 type Tokenizer = Arc<CountTokens>;

@@ -2,15 +2,9 @@
 //! tenant set as extensions before admission, for the admission layer's
 //! describer ([`QosExtension`](crate::http::QosExtension)) to read.
 
-use std::task::{Context, Poll};
-
-use http::Request;
-use tower_layer::Layer;
-use tower_service::Service;
-
-use super::QosExtractor;
+use crate::http::extension::{SetExtension, SetExtensionLayer, SetsQos};
 #[cfg(doc)]
-use super::{Priority, QosHeaders};
+use super::{Priority, QosExtractor, QosHeaders};
 #[cfg(doc)]
 use crate::gate::Tenant;
 
@@ -31,58 +25,7 @@ use crate::gate::Tenant;
 ///     .route_layer(QosLayer::new(QosHeaders::default()));
 /// # let _ = app;
 /// ```
-#[derive(Debug, Clone)]
-pub struct QosLayer<E> {
-    extractor: E,
-}
-
-impl<E> QosLayer<E> {
-    /// A layer that asks `extractor` for each request's priority and
-    /// tenant.
-    pub fn new(extractor: E) -> Self {
-        QosLayer { extractor }
-    }
-}
-
-impl<S, E: Clone> Layer<S> for QosLayer<E> {
-    type Service = SetQos<S, E>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        SetQos {
-            inner,
-            extractor: self.extractor.clone(),
-        }
-    }
-}
+pub type QosLayer<E> = SetExtensionLayer<E, SetsQos>;
 
 /// The service of [`QosLayer`].
-#[derive(Debug, Clone)]
-pub struct SetQos<S, E> {
-    inner: S,
-    extractor: E,
-}
-
-impl<S, E, B> Service<Request<B>> for SetQos<S, E>
-where
-    S: Service<Request<B>>,
-    E: QosExtractor<B>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        set_qos(&self.extractor, &mut req);
-        self.inner.call(req)
-    }
-}
-
-/// Sets `req`'s [`Priority`] and [`Tenant`] extensions from what
-/// `extractor` finds.
-pub(crate) fn set_qos<B>(extractor: &impl QosExtractor<B>, req: &mut Request<B>) {
-    extractor.qos(req).insert_into(req);
-}
+pub type SetQos<S, E> = SetExtension<S, E, SetsQos>;

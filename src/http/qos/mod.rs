@@ -53,8 +53,6 @@ use crate::headers::single_value;
 
 mod layer;
 
-#[cfg(test)]
-use self::layer::set_qos;
 pub use self::layer::{QosLayer, SetQos};
 
 /// A request extension holding the request's priority (SPEC §8): higher is
@@ -307,6 +305,7 @@ pub(crate) fn qos_of<B>(req: &Request<B>) -> (i32, Option<Tenant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::{ExtensionKind, SetsQos};
 
     fn with(name: &'static str, values: &[&[u8]]) -> Request<()> {
         let mut req = Request::new(());
@@ -405,11 +404,11 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(qos_of(&req), (0, None));
-        set_qos(&headers, &mut req);
+        SetsQos::set(&headers, &mut req);
         assert_eq!(qos_of(&req), (3, Some(Tenant::new("acme"))));
         // A malformed header leaves what an earlier layer set.
         req.headers_mut().insert("x-prio", "high".parse().unwrap());
-        set_qos(&headers, &mut req);
+        SetsQos::set(&headers, &mut req);
         assert_eq!(req.extensions().get::<Priority>(), Some(&Priority(3)));
     }
 }
