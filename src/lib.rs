@@ -70,6 +70,8 @@ mod gate;
 mod headers;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+mod json;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;

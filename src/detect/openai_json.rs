@@ -9,6 +9,8 @@
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
 
+use crate::json::{answer_json, seed_any};
+
 /// Whether the data of one event is output or the end of the answer:
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
 /// (another JSON value, or not JSON at all).
@@ -20,31 +22,6 @@ pub(super) fn object_ends_waiting(data: &[u8]) -> Option<bool> {
     let judged = deserializer.deserialize_any(TopLevel).ok()?;
     deserializer.end().ok()?;
     judged
-}
-
-/// The visits of numbers, booleans and `null`, for a visitor whose answer to
-/// each of them is `$answer` (to `null`, `$null` if given).
-macro_rules! scalars_answer {
-    ($answer:expr) => {
-        scalars_answer!($answer, $answer);
-    };
-    ($answer:expr, $null:expr) => {
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($answer)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($answer)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($answer)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($answer)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok($null)
-        }
-    };
 }
 
 /// The delta members that carry generated output.
@@ -104,15 +81,7 @@ impl<'de> Visitor<'de> for TopLevel {
         Ok(Some(error || object_is_error || ends))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<bool>, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
-    }
-
-    scalars_answer!(None);
-    fn visit_str<E>(self, _: &str) -> Result<Option<bool>, E> {
-        Ok(None)
-    }
+    answer_json!(None; numbers, unit, str, arrays);
 }
 
 /// A member name: `Some(i)` when it is `names[i]`, else `None`.
@@ -142,14 +111,6 @@ impl<'de> Visitor<'de> for KeyIs {
 /// string, array or object.
 struct Something;
 
-impl<'de> DeserializeSeed<'de> for Something {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
 impl<'de> Visitor<'de> for Something {
     type Value = bool;
 
@@ -157,7 +118,8 @@ impl<'de> Visitor<'de> for Something {
         f.write_str("a JSON value")
     }
 
-    scalars_answer!(true, false);
+    answer_json!(true; numbers);
+    answer_json!(false; unit);
     fn visit_str<E>(self, text: &str) -> Result<bool, E> {
         Ok(!text.is_empty())
     }
@@ -182,14 +144,6 @@ impl<'de> Visitor<'de> for Something {
 /// Whether a value is the string given.
 struct StrIs(&'static str);
 
-impl<'de> DeserializeSeed<'de> for StrIs {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
 impl<'de> Visitor<'de> for StrIs {
     type Value = bool;
 
@@ -200,13 +154,7 @@ impl<'de> Visitor<'de> for StrIs {
     fn visit_str<E>(self, text: &str) -> Result<bool, E> {
         Ok(text == self.0)
     }
-    scalars_answer!(false);
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
-        Something.visit_seq(seq).map(|_| false)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
-        Something.visit_map(map).map(|_| false)
-    }
+    answer_json!(false; numbers, unit, arrays, objects);
 }
 
 /// What an event's `type` says.
@@ -264,14 +212,6 @@ fn kind_of(kind: &str) -> Kind {
 
 struct KindOf;
 
-impl<'de> DeserializeSeed<'de> for KindOf {
-    type Value = Kind;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Kind, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
 impl<'de> Visitor<'de> for KindOf {
     type Value = Kind;
 
@@ -282,27 +222,13 @@ impl<'de> Visitor<'de> for KindOf {
     fn visit_str<E>(self, kind: &str) -> Result<Kind, E> {
         Ok(kind_of(kind))
     }
-    scalars_answer!(Kind::Unnamed);
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Kind, A::Error> {
-        Something.visit_seq(seq).map(|_| Kind::Unnamed)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Kind, A::Error> {
-        Something.visit_map(map).map(|_| Kind::Unnamed)
-    }
+    answer_json!(Kind::Unnamed; numbers, unit, arrays, objects);
 }
 
 /// An event's `delta`: whether it carries a payload. A string or array
 /// does when not empty; an object (Anthropic's `{"type":"text_delta",
 /// "text":"…"}`) when a member other than `type` carries something.
 struct Payload;
-
-impl<'de> DeserializeSeed<'de> for Payload {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
 
 impl<'de> Visitor<'de> for Payload {
     type Value = bool;
@@ -311,7 +237,8 @@ impl<'de> Visitor<'de> for Payload {
         f.write_str("a JSON value")
     }
 
-    scalars_answer!(true, false);
+    answer_json!(true; numbers);
+    answer_json!(false; unit);
     fn visit_str<E>(self, text: &str) -> Result<bool, E> {
         Ok(!text.is_empty())
     }
@@ -334,14 +261,6 @@ impl<'de> Visitor<'de> for Payload {
 /// reason; `None` for any other value, which is drained.
 struct Choices;
 
-impl<'de> DeserializeSeed<'de> for Choices {
-    type Value = Option<bool>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<bool>, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
 impl<'de> Visitor<'de> for Choices {
     type Value = Option<bool>;
 
@@ -357,26 +276,12 @@ impl<'de> Visitor<'de> for Choices {
         Ok(Some(any))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<bool>, A::Error> {
-        Something.visit_map(map).map(|_| None)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Option<bool>, E> {
-        Ok(None)
-    }
-    scalars_answer!(None);
+    answer_json!(None; numbers, unit, str, objects);
 }
 
 /// One choice: a `finish_reason`, completion `text`, or an output member of
 /// its `delta`. Only an object can say yes.
 struct Choice;
-
-impl<'de> DeserializeSeed<'de> for Choice {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
 
 impl<'de> Visitor<'de> for Choice {
     type Value = bool;
@@ -400,26 +305,12 @@ impl<'de> Visitor<'de> for Choice {
         Ok(finished || text || delta)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
-        Something.visit_seq(seq).map(|_| false)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
-        Ok(false)
-    }
-    scalars_answer!(false);
+    answer_json!(false; numbers, unit, str, arrays);
 }
 
 /// A chat `delta`: whether any output member carries something (each
 /// member's last occurrence counts). Only an object can say yes.
 struct Delta;
-
-impl<'de> DeserializeSeed<'de> for Delta {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
 
 impl<'de> Visitor<'de> for Delta {
     type Value = bool;
@@ -439,11 +330,7 @@ impl<'de> Visitor<'de> for Delta {
         Ok(carries.iter().any(|&carries| carries))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
-        Something.visit_seq(seq).map(|_| false)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
-        Ok(false)
-    }
-    scalars_answer!(false);
+    answer_json!(false; numbers, unit, str, arrays);
 }
+
+seed_any!(Something, StrIs, KindOf, Payload, Choices, Choice, Delta);

@@ -25,49 +25,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::gate::Cost;
-
-/// The visitor methods of the JSON values a visitor does not count: each
-/// answers `$nothing`, and an array or object is skipped whole.
-macro_rules! count_nothing {
-    ($nothing:expr; $($kind:ident),*) => {
-        $(count_nothing!(@ $kind, $nothing);)*
-    };
-    (@ scalars, $nothing:expr) => {
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($nothing)
-        }
-        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($nothing)
-        }
-        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($nothing)
-        }
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($nothing)
-        }
-        count_nothing!(@ strings, $nothing);
-    };
-    (@ strings, $nothing:expr) => {
-        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($nothing)
-        }
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok($nothing)
-        }
-    };
-    (@ arrays, $nothing:expr) => {
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok($nothing)
-        }
-    };
-    (@ objects, $nothing:expr) => {
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok($nothing)
-        }
-    };
-}
+use crate::json::{answer_json, seed_any};
 
 /// The tokenizer an estimate may call: prompt text in, tokens out.
 pub(super) type CountTokens = dyn Fn(&str) -> usize + Send + Sync;
@@ -233,13 +191,6 @@ struct Request {
     keep_text: bool,
 }
 
-impl<'de> DeserializeSeed<'de> for Request {
-    type Value = Option<Fields<'de>>;
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
 impl<'de> Visitor<'de> for Request {
     type Value = Option<Fields<'de>>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -275,18 +226,11 @@ impl<'de> Visitor<'de> for Request {
         }
         Ok(Some(fields))
     }
-    count_nothing!(None; arrays, scalars);
+    answer_json!(None; arrays, numbers, str, unit);
 }
 
 /// An output-token count: a non-negative integer, anything else `None`.
 struct Count;
-
-impl<'de> DeserializeSeed<'de> for Count {
-    type Value = Option<u64>;
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
 
 impl<'de> Visitor<'de> for Count {
     type Value = Option<u64>;
@@ -305,7 +249,7 @@ impl<'de> Visitor<'de> for Count {
     fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
         Ok(None)
     }
-    count_nothing!(None; strings, arrays, objects);
+    answer_json!(None; str, unit, arrays, objects);
 }
 
 /// Where a value stands, which says what in it counts.
@@ -443,6 +387,8 @@ impl<'de> Visitor<'de> for Collect<'_, 'de> {
         Ok(())
     }
 }
+
+seed_any!(Request, Count);
 
 #[cfg(test)]
 mod tests;
