@@ -58,6 +58,7 @@
 //! in step cost beyond the token counts.
 
 pub mod adaptive;
+mod capacity;
 mod config;
 mod engine;
 mod measure;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::super::capacity;
 use super::super::engine::{Request, SimEngine};
 use super::super::measure::{self, lock};
-use super::super::sweep::{self, SweepConfig};
 use super::super::time::{self, VirtualRuntime};
 use super::super::workload::{Lengths, Workload};
 use super::*;
@@ -63,15 +63,20 @@ fn capacities(config: &QosConfig) -> Vec<f64> {
             {
                 return *capacity;
             }
-            let capacity = sweep::measure_capacity(&SweepConfig {
-                engine: config.engine.clone(),
+            let lengths = Workload {
+                rate: 1.0,
+                burstiness: 1.0,
                 prompt_tokens: traffic.prompt_tokens,
                 output_tokens: traffic.output_tokens,
-                warmup: Duration::from_secs(10),
-                window: Duration::from_secs(10),
-                seed: config.seed,
-                ..SweepConfig::default()
-            });
+            };
+            let ten_seconds = Duration::from_secs(10);
+            let capacity = capacity::measure(
+                &config.engine,
+                &lengths,
+                config.seed,
+                ten_seconds,
+                ten_seconds,
+            );
             measured.push((traffic.shape(), capacity));
             capacity
         })

@@ -4,7 +4,6 @@
 //! window, and the engine's capacity measured closed-loop.
 
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use tower::limit::ConcurrencyLimit;
 use super::super::config::Token;
 use super::super::engine::{Request, SimEngine, SubmitError, TokenStream};
 use super::super::measure::{Percentile, Slo, acquire, descriptor_of, lock};
-use super::super::time::{self, VirtualRuntime};
+use super::super::time;
 use super::*;
 use crate::{Gate, Permit};
 
@@ -27,41 +26,13 @@ use crate::{Gate, Permit};
 /// lengths, and completions are counted over three windows after the
 /// warm-up (virtual time is cheap; a longer count is a steadier one).
 pub fn measure_capacity(config: &SweepConfig) -> f64 {
-    VirtualRuntime::new().block_on(async {
-        let engine = SimEngine::new(config.engine.clone());
-        let ranks = config.engine.dp_ranks;
-        let requests = Arc::new(Mutex::new(config.workload(1.0).arrivals(config.seed)));
-        let completed = Arc::new(AtomicUsize::new(0));
-        let window = config.window * 3;
-        let window_start = time::now() + config.warmup;
-        let window_end = window_start + window;
-        for client in 0..config.engine.max_num_seqs * ranks {
-            let engine = engine.clone();
-            let requests = Arc::clone(&requests);
-            let completed = Arc::clone(&completed);
-            time::spawn(async move {
-                loop {
-                    let next = lock(&requests).next().expect("arrivals never end");
-                    let request = Request {
-                        prompt_tokens: next.prompt_tokens,
-                        output_tokens: next.output_tokens,
-                        rank: Some((client % ranks) as u32),
-                    };
-                    let Ok(mut stream) = engine.submit(request) else {
-                        return;
-                    };
-                    while let Some(token) = stream.next_token().await {
-                        let now = time::now();
-                        if token.last && now >= window_start && now < window_end {
-                            completed.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            });
-        }
-        time::sleep_until(window_end).await;
-        completed.load(Ordering::Relaxed) as f64 / window.as_secs_f64()
-    })
+    super::super::capacity::measure(
+        &config.engine,
+        &config.workload(1.0),
+        config.seed,
+        config.warmup,
+        config.window,
+    )
 }
 
 /// The system in front of the engine, as each client sees it.
