@@ -2,11 +2,11 @@
 //! tenant set as extensions before admission, for the admission layer's
 //! describer ([`QosExtension`](crate::http::QosExtension)) to read.
 
-use crate::http::extension::{SetExtension, SetExtensionLayer, SetsQos};
 #[cfg(doc)]
 use super::{Priority, QosExtractor, QosHeaders};
 #[cfg(doc)]
 use crate::gate::Tenant;
+use crate::http::extension::{SetExtension, SetExtensionLayer, SetsQos};
 
 /// Sets each request's [`Priority`] and [`Tenant`] extensions with a
 /// [`QosExtractor`]; goes outside (before) the admission layer. What the
