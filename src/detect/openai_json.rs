@@ -25,7 +25,7 @@ pub(super) fn object_ends_waiting(data: &[u8]) -> Option<bool> {
 }
 
 /// The delta members that carry generated output.
-const OUTPUT_DELTA_MEMBERS: [&str; 6] = [
+pub(super) const OUTPUT_DELTA_MEMBERS: [&str; 6] = [
     "content",
     "reasoning_content",
     "reasoning",

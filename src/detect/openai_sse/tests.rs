@@ -514,15 +514,9 @@ mod value_oracle {
         }
     }
 
-    /// The delta members that carry generated output.
-    const OUTPUT_DELTA_MEMBERS: [&str; 6] = [
-        "content",
-        "reasoning_content",
-        "reasoning",
-        "refusal",
-        "tool_calls",
-        "function_call",
-    ];
+    // The delta members that carry generated output: the judge's list
+    // (what is tested is how the judge reads a document, not the list).
+    use crate::detect::openai_json::OUTPUT_DELTA_MEMBERS;
 
     fn chunk_ends_waiting(chunk: &Map<String, Value>) -> bool {
         let is_error = chunk.get("error").is_some_and(carries_something)
