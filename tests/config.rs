@@ -400,7 +400,10 @@ fn an_invalid_value_warns_naming_the_variable_and_the_value() {
         "{logs}"
     );
     assert!(lines[1].contains("not an integer"), "{logs}");
-    assert!(lines[1].contains("the default"), "{logs}");
+    assert!(
+        lines[1].contains("the default (2 × the engine's max_num_seqs)"),
+        "names the default it falls back to: {logs}"
+    );
 }
 
 #[test]

@@ -243,4 +243,29 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn each_numeric_flag_shows_the_tables_default_and_variables() {
+        let command = AdmissionArgs::augment_args(clap::Command::new("worker"));
+        for numeric in &env::NUMERIC {
+            let long = numeric.flag.trim_start_matches("--");
+            let arg = command
+                .get_arguments()
+                .find(|arg| arg.get_long() == Some(long))
+                .unwrap_or_else(|| panic!("no flag {}", numeric.flag));
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+            let setting = numeric.setting;
+            let variables = match setting.alias {
+                Some(alias) => format!("{}, {alias}", setting.canonical),
+                None => setting.canonical.to_owned(),
+            };
+            let expected = format!("[default: {}; env: {variables}]", setting.default);
+            assert!(
+                help.ends_with(&expected),
+                "{}: help {help:?} should end with {expected:?}",
+                numeric.flag
+            );
+        }
+    }
 }

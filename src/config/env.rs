@@ -16,17 +16,23 @@ use std::time::Duration;
 
 use super::{AdmissionConfig, LimitSource, LimitSources};
 
-/// One setting's environment variables and the smallest value it accepts.
+/// One setting's environment variables, the smallest value it accepts and
+/// what it is when nothing sets it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Setting {
     pub(crate) canonical: &'static str,
     pub(crate) alias: Option<&'static str>,
     pub(crate) minimum: usize,
+    /// The default, in words: the warning of an invalid variable names it,
+    /// and the flag's help shows it (`[default: …; env: …]`, checked by a
+    /// test of the flags).
+    pub(crate) default: &'static str,
 }
 
 /// The numeric settings, declared once, in the order of
 /// [`AdmissionArgs`](crate::AdmissionArgs)'s fields: the builder method
-/// each sets, its flag, its variables and the smallest value it accepts.
+/// each sets, its flag, its variables, the smallest value it accepts and
+/// its default.
 /// The environment resolver reads them from here, and the command line
 /// hands its values over in this order ([`Overrides::numeric`]); a test
 /// of the flags checks that their names and order agree with it.
@@ -38,6 +44,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT",
             alias: Some("DYN_ENGINE_REQUEST_LIMIT"),
             minimum: 1,
+            default: "the engine's max_num_seqs",
         },
         apply: |config, n| config.engine_request_limit(n),
     },
@@ -48,6 +55,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT",
             alias: Some("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT"),
             minimum: 1,
+            default: "the engine's max_num_seqs",
         },
         apply: |config, n| config.engine_request_waiting_limit(n),
     },
@@ -58,6 +66,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT",
             alias: Some("DYN_DYNAMO_REQUEST_QUEUE_LIMIT"),
             minimum: 0,
+            default: "2 × the engine's max_num_seqs",
         },
         apply: |config, n| config.request_queue_limit(n),
     },
@@ -68,6 +77,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT",
             alias: None,
             minimum: 1,
+            default: "off",
         },
         apply: |config, n| config.engine_waiting_token_limit(n),
     },
@@ -78,6 +88,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT",
             alias: None,
             minimum: 1,
+            default: "off",
         },
         apply: |config, n| config.engine_token_limit(n),
     },
@@ -88,6 +99,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT",
             alias: None,
             minimum: 1,
+            default: "off",
         },
         apply: |config, n| config.request_queue_token_limit(n),
     },
@@ -98,6 +110,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS",
             alias: None,
             minimum: 1,
+            default: "off",
         },
         apply: |config, n| config.request_queue_wait_limit(millis(n)),
     },
@@ -108,6 +121,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS",
             alias: None,
             minimum: 1,
+            default: "off",
         },
         apply: |config, n| config.ttft_objective(millis(n)),
     },
@@ -118,6 +132,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS",
             alias: None,
             minimum: 1,
+            default: "off",
         },
         apply: |config, n| config.aging_interval(millis(n)),
     },
@@ -128,6 +143,7 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             canonical: "DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS",
             alias: None,
             minimum: 1,
+            default: "off",
         },
         apply: |config, n| config.queue_delay_target(millis(n)),
     },
@@ -250,13 +266,14 @@ impl Setting {
         if let Some(n) = given {
             return Some((n, LimitSource::Flag(flag)));
         }
-        let from = |variable: &'static str, next| {
+        let from = |variable: &'static str, next: &str| {
             self.read(variable, lookup, next)
                 .map(|n| (n, LimitSource::Variable(variable)))
         };
+        let default = format!("the default ({})", self.default);
         match self.alias {
-            Some(alias) => from(self.canonical, alias).or_else(|| from(alias, "the default")),
-            None => from(self.canonical, "the default"),
+            Some(alias) => from(self.canonical, alias).or_else(|| from(alias, &default)),
+            None => from(self.canonical, &default),
         }
     }
 
