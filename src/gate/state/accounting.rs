@@ -179,7 +179,7 @@ impl<T> State<T> {
         }
         let (rank, generation) = match key {
             BucketKey::Unranked => (None, 0),
-            BucketKey::Rank(rank) => (Some(rank), self.ranks[rank as usize].generation),
+            BucketKey::Rank(rank) => (Some(rank), self.buckets.ranks[rank as usize].generation),
         };
         Grant {
             held: Held {

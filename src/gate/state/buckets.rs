@@ -74,6 +74,31 @@ pub(super) struct Bucket {
     pub(super) codel: super::codel::Codel,
 }
 
+/// Every bucket: one per rank ever recognised (a vanished rank's stays, for
+/// its tallies and its generation) and the unranked one. The one place a
+/// [`BucketKey`] is resolved to its bucket.
+#[derive(Debug, Default)]
+pub(super) struct Buckets {
+    pub(super) ranks: Vec<Bucket>,
+    pub(super) unranked: Bucket,
+}
+
+impl Buckets {
+    pub(super) fn get(&self, key: BucketKey) -> &Bucket {
+        match key {
+            BucketKey::Unranked => &self.unranked,
+            BucketKey::Rank(rank) => &self.ranks[rank as usize],
+        }
+    }
+
+    pub(super) fn get_mut(&mut self, key: BucketKey) -> &mut Bucket {
+        match key {
+            BucketKey::Unranked => &mut self.unranked,
+            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
+        }
+    }
+}
+
 impl<T> State<T> {
     /// The ranks currently recognised (0 before the first report).
     pub(super) fn recognised_ranks(&self) -> usize {
@@ -104,30 +129,20 @@ impl<T> State<T> {
     }
 
     pub(super) fn bucket(&self, key: BucketKey) -> &Bucket {
-        match key {
-            BucketKey::Unranked => &self.unranked,
-            BucketKey::Rank(rank) => &self.ranks[rank as usize],
-        }
+        self.buckets.get(key)
     }
 
     pub(super) fn bucket_mut(&mut self, key: BucketKey) -> &mut Bucket {
-        match key {
-            BucketKey::Unranked => &mut self.unranked,
-            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
-        }
+        self.buckets.get_mut(key)
     }
 
     /// The worker's total and a bucket's counts, to change both alike.
     pub(super) fn total_and(&mut self, key: BucketKey) -> [&mut Counts; 2] {
-        let bucket = match key {
-            BucketKey::Unranked => &mut self.unranked,
-            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
-        };
-        [&mut self.total, &mut bucket.counts]
+        [&mut self.total, &mut self.buckets.get_mut(key).counts]
     }
 
     pub(super) fn active_buckets(&self) -> impl Iterator<Item = &Bucket> + '_ {
-        self.ranks.iter().take(if self.capacity.is_some() {
+        self.buckets.ranks.iter().take(if self.capacity.is_some() {
             self.active_ranks
         } else {
             0
@@ -140,7 +155,7 @@ impl<T> State<T> {
         match held.bucket {
             BucketKey::Rank(rank)
                 if (rank as usize) < self.active_ranks
-                    && self.ranks[rank as usize].generation == held.generation =>
+                    && self.buckets.ranks[rank as usize].generation == held.generation =>
             {
                 held.bucket
             }
@@ -153,21 +168,17 @@ impl<T> State<T> {
         &mut self,
         key: BucketKey,
     ) -> (&mut Queue, &mut Slab<Entry<T>>) {
-        let bucket = match key {
-            BucketKey::Unranked => &mut self.unranked,
-            BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
-        };
-        (&mut bucket.queue, &mut self.entries)
+        (&mut self.buckets.get_mut(key).queue, &mut self.entries)
     }
 
     /// A rank vanished: capacity held on it and its queue move to the
     /// unranked bucket; the queue merges into the unranked queue by age.
     pub(super) fn retire_rank(&mut self, rank: u32) {
-        let bucket = &mut self.ranks[rank as usize];
+        let bucket = &mut self.buckets.ranks[rank as usize];
         let counts = std::mem::take(&mut bucket.counts);
         let mut queue = std::mem::take(&mut bucket.queue);
         bucket.generation = bucket.generation.wrapping_add(1);
-        self.unranked.counts.add(&counts);
+        self.buckets.unranked.counts.add(&counts);
 
         let mut moved = queue.take_all(&self.entries);
         if moved.is_empty() {
@@ -175,11 +186,11 @@ impl<T> State<T> {
         }
         // Requeue both queues together in arrival order; fair shares start
         // afresh.
-        moved.append(&mut self.unranked.queue.take_all(&self.entries));
+        moved.append(&mut self.buckets.unranked.queue.take_all(&self.entries));
         moved.sort_by_key(|&slot| self.entries[slot].node.seq);
         for slot in moved {
             self.entries[slot].bucket = BucketKey::Unranked;
-            self.unranked.queue.push(&mut self.entries, slot);
+            self.buckets.unranked.queue.push(&mut self.entries, slot);
         }
     }
 }

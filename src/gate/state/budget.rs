@@ -82,7 +82,7 @@ impl<T> State<T> {
     /// at a measured rate.
     pub(super) fn drain_estimate(&self) -> Option<Duration> {
         let max = self.config.retry_after_from_drain_rate?;
-        let rate: f64 = std::iter::once(&self.unranked)
+        let rate: f64 = std::iter::once(&self.buckets.unranked)
             .chain(self.active_buckets())
             .filter_map(|bucket| bucket.drain_interval)
             .filter(|interval| *interval > 0.0)

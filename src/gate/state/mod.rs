@@ -74,7 +74,7 @@ mod saturation;
 mod view;
 
 pub(crate) use self::accounting::Demand;
-use self::buckets::{Bucket, BucketKey};
+use self::buckets::{Bucket, BucketKey, Buckets};
 pub(crate) use self::decision::{Arrival, Expiry, Grant, Polled, Ticket};
 
 /// A position in the entry slab; queues link entries by slot.
@@ -133,10 +133,9 @@ pub(crate) struct State<T> {
     limits: Limits,
     /// Ranks currently recognised; 1 (and nothing recognised) until reported.
     active_ranks: usize,
-    /// Every rank ever reported; `ranks[active_ranks..]` are vanished, kept
-    /// for their generation counter.
-    ranks: Vec<Bucket>,
-    unranked: Bucket,
+    /// Every rank ever reported (`buckets.ranks[active_ranks..]` are
+    /// vanished, kept for their generation counter), and the unranked one.
+    buckets: Buckets,
     total: Counts,
     entries: Slab<Entry<T>>,
     next_seq: u64,
@@ -176,8 +175,7 @@ impl<T> State<T> {
             config,
             capacity: None,
             active_ranks: 1,
-            ranks: Vec::new(),
-            unranked: Bucket::default(),
+            buckets: Buckets::default(),
             total: Counts::default(),
             entries: Slab::new(),
             next_seq: 0,
@@ -250,10 +248,7 @@ impl<T> State<T> {
         self.bucket_mut(bucket).tally.received += 1;
         let rung = self.ladder.rung(descriptor.priority);
         let tenant = descriptor.tenant;
-        let queue = match bucket {
-            BucketKey::Unranked => &mut self.unranked.queue,
-            BucketKey::Rank(rank) => &mut self.ranks[rank as usize].queue,
-        };
+        let queue = &mut self.buckets.get_mut(bucket).queue;
         let leads =
             queue.is_empty() || queue.would_lead(&self.entries, &self.ladder, now, rung, tenant);
         if leads && self.engine_fits(bucket, demand) {
@@ -487,8 +482,8 @@ impl<T> State<T> {
             adaptive.set_limit(self.limits.engine_request_waiting_limit);
             self.limits.engine_request_waiting_limit = adaptive.limit();
         }
-        if ranks > self.ranks.len() {
-            self.ranks.resize_with(ranks, Bucket::default);
+        if ranks > self.buckets.ranks.len() {
+            self.buckets.ranks.resize_with(ranks, Bucket::default);
         }
         for rank in ranks..previously {
             self.retire_rank(rank as u32);
@@ -603,10 +598,7 @@ impl<T> State<T> {
             let keys = std::iter::once(BucketKey::Unranked)
                 .chain((0..self.recognised_ranks() as u32).map(BucketKey::Rank));
             for key in keys {
-                let bucket = match key {
-                    BucketKey::Unranked => &mut self.unranked,
-                    BucketKey::Rank(rank) => &mut self.ranks[rank as usize],
-                };
+                let bucket = self.buckets.get_mut(key);
                 let Some(head) = bucket.queue.head(&self.entries, &self.ladder, now) else {
                     continue;
                 };

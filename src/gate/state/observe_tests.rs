@@ -126,7 +126,11 @@ fn without_configured_bands_there_are_no_band_views_or_tallies() {
         Arrival::Rejected(_)
     ));
     assert!(state.view().bucket(None).bands.is_none());
-    assert_eq!(state.unranked.bands.capacity(), 0, "never allocated");
+    assert_eq!(
+        state.buckets.unranked.bands.capacity(),
+        0,
+        "never allocated"
+    );
     state.finish(&mut running, None);
 }
 

@@ -107,7 +107,7 @@ fn a_fresh_tenant_per_request_does_not_starve_a_backlogged_tenant() {
             fresh_tenant()
         };
         waiting.push(queue(&mut state, name, class(0, Some(tenant)), None));
-        let queue = &state.unranked.queue;
+        let queue = &state.buckets.unranked.queue;
         assert!(queue.flow_count() <= 10, "{} flows", queue.flow_count());
     }
     assert!(
@@ -315,9 +315,9 @@ fn a_cancel_storm_across_bands_and_tenants_gives_memory_back() {
         state.cancel(tickets[i], None).unwrap();
     }
     assert_eq!(state.view().total().queued, 0);
-    assert!(state.unranked.queue.is_empty());
+    assert!(state.buckets.unranked.queue.is_empty());
     assert_eq!(
-        state.unranked.queue.band_lengths().count(),
+        state.buckets.unranked.queue.band_lengths().count(),
         0,
         "no band left"
     );

@@ -129,7 +129,7 @@ impl<'a, T> View<'a, T> {
     }
 
     pub(crate) fn unranked_counts(self) -> Counts {
-        self.state.unranked.counts
+        self.state.buckets.unranked.counts
     }
 
     pub(crate) fn rank_counts(self) -> impl Iterator<Item = Counts> + 'a {
@@ -137,17 +137,17 @@ impl<'a, T> View<'a, T> {
     }
 
     pub(crate) fn unranked_tally(self) -> Tally {
-        self.state.unranked.tally
+        self.state.buckets.unranked.tally
     }
 
     /// Tallies of every rank ever recognised, active or vanished.
     pub(crate) fn rank_tallies(self) -> impl Iterator<Item = Tally> + 'a {
-        self.state.ranks.iter().map(|bucket| bucket.tally)
+        self.state.buckets.ranks.iter().map(|bucket| bucket.tally)
     }
 
     pub(crate) fn tally(self) -> Tally {
-        let mut tally = self.state.unranked.tally;
-        for bucket in &self.state.ranks {
+        let mut tally = self.state.buckets.unranked.tally;
+        for bucket in &self.state.buckets.ranks {
             tally.add(&bucket.tally);
         }
         tally
@@ -162,7 +162,7 @@ impl<'a, T> View<'a, T> {
     /// Every rank ever recognised, vanished ones included (they keep their
     /// tallies): observers see `0..known_ranks()`.
     pub(crate) fn known_ranks(self) -> usize {
-        self.state.ranks.len()
+        self.state.buckets.ranks.len()
     }
 
     /// The ranks currently recognised (0 before the first report).
