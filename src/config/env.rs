@@ -219,13 +219,13 @@ pub(crate) fn resolve(
     }
     let priority_bands = overrides
         .priority_bands
-        .or_else(|| read(PRIORITY_BANDS, lookup, "the default", parse_priority_bands));
+        .or_else(|| read(PRIORITY_BANDS, lookup, &"the default", parse_priority_bands));
     if let Some(bands) = priority_bands {
         config = config.priority_bands(bands);
     }
     let tenant_weights = overrides
         .tenant_weights
-        .or_else(|| read(TENANT_WEIGHTS, lookup, "the default", parse_tenant_weights));
+        .or_else(|| read(TENANT_WEIGHTS, lookup, &"the default", parse_tenant_weights));
     for (tenant, weight) in tenant_weights.into_iter().flatten() {
         config = config.tenant_weight(tenant, weight);
     }
@@ -233,7 +233,7 @@ pub(crate) fn resolve(
         read(
             ADAPTIVE_WAITING_LIMIT,
             lookup,
-            "the default (off)",
+            &"the default (off)",
             parse_switch,
         )
     });
@@ -266,13 +266,13 @@ impl Setting {
         if let Some(n) = given {
             return Some((n, LimitSource::Flag(flag)));
         }
-        let from = |variable: &'static str, next: &str| {
+        let from = |variable: &'static str, next: &dyn fmt::Display| {
             self.read(variable, lookup, next)
                 .map(|n| (n, LimitSource::Variable(variable)))
         };
-        let default = format!("the default ({})", self.default);
+        let default = TheDefault(self.default);
         match self.alias {
-            Some(alias) => from(self.canonical, alias).or_else(|| from(alias, &default)),
+            Some(alias) => from(self.canonical, &alias).or_else(|| from(alias, &default)),
             None => from(self.canonical, &default),
         }
     }
@@ -283,9 +283,19 @@ impl Setting {
         &self,
         variable: &str,
         lookup: &dyn Fn(&str) -> Option<String>,
-        next: &str,
+        next: &dyn fmt::Display,
     ) -> Option<usize> {
         read(variable, lookup, next, |raw| parse(raw, self.minimum))
+    }
+}
+
+/// "the default (…)": what an invalid variable of a numeric setting falls
+/// back to, named in its warning (only then formatted).
+struct TheDefault(&'static str);
+
+impl fmt::Display for TheDefault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the default ({})", self.0)
     }
 }
 
@@ -295,7 +305,7 @@ impl Setting {
 fn read<T, E: fmt::Display>(
     variable: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
-    next: &str,
+    next: &dyn fmt::Display,
     parse: impl FnOnce(&str) -> Result<T, E>,
 ) -> Option<T> {
     let raw = lookup(variable)?;
