@@ -41,7 +41,7 @@ impl<T> State<T> {
     /// whatever the driver read.
     #[inline]
     pub(super) fn gate_time(&self, now: Option<Instant>) -> Option<Instant> {
-        now.filter(|_| self.config.keeps_time())
+        now.filter(|_| self.keeps_time)
     }
 
     /// A request's queue wait budget, the smallest of the client's own
@@ -56,7 +56,7 @@ impl<T> State<T> {
         at: Option<Instant>,
     ) -> Option<(Duration, bool)> {
         let mut budget = deadline.map(|deadline| (deadline, true));
-        if !self.config.keeps_time() {
+        if !self.keeps_time {
             // Only the client's deadline, timed from this arrival.
             return budget.filter(|_| at.is_some());
         }

@@ -129,6 +129,10 @@ impl<T> Nodes for Slab<Entry<T>> {
 #[derive(Debug)]
 pub(crate) struct State<T> {
     config: AdmissionConfig,
+    /// Whether the configuration keeps time
+    /// ([`AdmissionConfig::keeps_time`]), decided once: a setting, not a
+    /// present ([`State::gate_time`]).
+    keeps_time: bool,
     capacity: Option<EngineCapacity>,
     limits: Limits,
     /// Ranks currently recognised; 1 (and nothing recognised) until reported.
@@ -172,6 +176,7 @@ impl<T> State<T> {
             .collect();
         let mut state = State {
             limits: config.limits_for(capacity),
+            keeps_time: config.keeps_time(),
             config,
             capacity: None,
             active_ranks: 1,
@@ -550,7 +555,7 @@ impl<T> State<T> {
     ) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
-        if self.bucket(key).queue.is_empty() && self.config.keeps_time() {
+        if self.bucket(key).queue.is_empty() && self.keeps_time {
             // The queue starts to drain now, not at its last admission.
             self.bucket_mut(key).drain_mark = now;
         }
