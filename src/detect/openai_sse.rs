@@ -335,7 +335,12 @@ impl EventParser {
                         .as_ref()
                         .is_some_and(|range| range.len() < max_event_bytes) => {}
             Field::Data => {
-                let len = pending.as_ref().map_or(self.data.len(), Range::len);
+                // Pending data counts with its implied `\n`, as it would
+                // once buffered: the bound is met alike however the stream
+                // was split.
+                let len = pending
+                    .as_ref()
+                    .map_or(self.data.len(), |range| range.len() + 1);
                 if len >= max_event_bytes {
                     return true;
                 }

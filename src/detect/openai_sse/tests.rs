@@ -737,3 +737,14 @@ fn several_data_lines_in_one_frame_are_joined_as_when_split() {
         Some(stream.len())
     );
 }
+
+/// A data line kept in its frame counts its `\n` toward the bound, as the
+/// same line copied into the buffer does (a case the fuzzer found: a
+/// 9-byte data line, then an empty `data` line, against a bound of 10).
+#[test]
+fn a_data_line_meets_the_bound_alike_in_its_frame_and_buffered() {
+    let mut detector = OpenAiSse::new().max_event_bytes(10);
+    detector.on_response(&head(Some("text/event-stream")));
+    let decided = decide_any_split(&detector, b"data:123456789\ndata\n+");
+    assert_eq!(decided, Some(20), "the empty data line crosses the bound");
+}
