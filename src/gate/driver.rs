@@ -17,6 +17,7 @@
 use std::fmt;
 use std::future::Future;
 use std::mem;
+use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
@@ -28,6 +29,7 @@ use ::loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::lane::Lane;
 use super::observe::{
     Arrived, BucketEvent, BucketView, Configured, Observation, Observed, Observer, Stamp, contain,
 };
@@ -61,6 +63,8 @@ pub struct Gate {
 
 struct Inner {
     state: Mutex<State<Waiter>>,
+    /// Plain unranked requests while nothing is queued, without the lock.
+    lane: Lane,
     observer: DefaultObserver,
     /// Whether deadlines are on; only then is `clock` read.
     timed: bool,
@@ -116,6 +120,7 @@ impl Gate {
         let gate = Gate {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::new(config)),
+                lane: Lane::new(),
                 observer,
                 timed,
                 clock,
@@ -161,8 +166,14 @@ impl Gate {
     /// # });
     /// ```
     pub fn acquire_with(&self, descriptor: Descriptor) -> Acquire {
-        // Read the clocks (observers', deadlines') before taking the lock.
         let observing = self.observing();
+        if !observing && descriptor.may_take_lane() && self.inner.lane.try_admit() {
+            let permit = Permit::new(self.clone(), Grant::in_lane(), None);
+            return Acquire {
+                step: Step::Decided(Some(Ok(permit))),
+            };
+        }
+        // Read the clocks (observers', deadlines') before taking the lock.
         let now = Stamp::now_if(observing);
         let time = self.time();
         // A gate that keeps no time still starts a client's deadline at
@@ -294,14 +305,21 @@ impl Gate {
         self.inner.timed.then(|| self.inner.clock.now())
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<Waiter>> {
+    /// Takes the lock: closes the lane and folds what it holds and
+    /// admitted into the state, so the state is the whole truth until the
+    /// returned guard drops (and opens the lane again if it may).
+    fn lock(&self) -> Locked<'_> {
         // No user code runs under the lock and the state machine does not
         // panic, so poisoning can only come from a bug; the state is still
         // the best there is.
-        self.inner
+        let mut state = self
+            .inner
             .state
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        let (held, admitted) = self.inner.lane.close();
+        state.fold_outside(held, admitted);
+        Locked { state, gate: self }
     }
 
     /// Whether the observer records events now; asked before the lock.
@@ -316,7 +334,7 @@ impl Gate {
     /// observer should hear; releases the lock, wakes, and observes.
     fn end_event(
         &self,
-        mut state: MutexGuard<'_, State<Waiter>>,
+        mut state: Locked<'_>,
         concerned: Concerned,
         observing: bool,
     ) {
@@ -388,6 +406,16 @@ impl Gate {
     pub(crate) fn release(&self, grant: &mut Grant, finished: bool, admitted_at: Option<Stamp>) {
         // Read the clock (observers only) before taking the lock.
         let observing = self.observing();
+        if grant.is_in_lane() {
+            let closed = self.inner.lane.give_back(grant.leave_lane(finished));
+            if closed || observing {
+                // Something may wait for the capacity (the lock passes it
+                // on), or the observer wants the counts.
+                let concerned = Concerned::Bucket(BucketEvent::tally_of(None, None));
+                self.end_event(self.lock(), concerned, observing);
+            }
+            return;
+        }
         let engine_waiting = admitted_at
             .filter(|_| observing && grant.is_waiting())
             .map(|admitted_at| Stamp::now().since(admitted_at));
@@ -406,6 +434,41 @@ impl Gate {
             read_at: time,
         });
         self.end_event(state, concerned, observing);
+    }
+}
+
+/// The gate's lock, held: the state, with the lane closed and folded in.
+/// Dropping it opens the lane again when the state offers it room and no
+/// observer wants to hear of each event.
+struct Locked<'a> {
+    state: MutexGuard<'a, State<Waiter>>,
+    gate: &'a Gate,
+}
+
+impl Deref for Locked<'_> {
+    type Target = State<Waiter>;
+
+    #[inline]
+    fn deref(&self) -> &State<Waiter> {
+        &self.state
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut State<Waiter> {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(room) = self.state.outside_room() {
+            if !self.gate.observing() {
+                self.gate.inner.lane.open(room);
+            }
+        }
     }
 }
 

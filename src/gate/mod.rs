@@ -9,6 +9,7 @@
 //! `observe`.
 
 mod driver;
+mod lane;
 pub(crate) mod observe;
 mod permit;
 pub(crate) mod state;

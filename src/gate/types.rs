@@ -293,6 +293,13 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
+    /// Whether the request asks for no rank and has no cost, so that the
+    /// gate's lock-free lane may admit it (see `gate/lane.rs`).
+    #[inline]
+    pub(crate) fn may_take_lane(&self) -> bool {
+        self.rank.is_none() && self.cost.engine_tokens() == 0
+    }
+
     /// A plain request: unranked, of unknown cost, priority 0, no tenant.
     pub const fn new() -> Self {
         Descriptor {

@@ -192,6 +192,7 @@ impl<T> State<T> {
             source,
             holds_request: true,
             holds_waiting: true,
+            in_lane: false,
         }
     }
 

@@ -15,7 +15,8 @@ use std::time::Instant;
 #[cfg(doc)]
 use super::State;
 use super::accounting::Demand;
-use super::buckets::Held;
+use super::buckets::{BucketKey, Held};
+use super::outside::Outside;
 use crate::gate::types::{AdmitSource, Overloaded};
 
 /// Identifies a queued request while it waits: its slot in the entry slab
@@ -41,9 +42,49 @@ pub(crate) struct Grant {
     pub(super) source: AdmitSource,
     pub(super) holds_request: bool,
     pub(super) holds_waiting: bool,
+    /// Whether the driver's lock-free lane holds its capacity, not the
+    /// state (see [`outside`](super::outside)).
+    pub(super) in_lane: bool,
 }
 
 impl Grant {
+    /// The grant of a plain unranked request the driver's lock-free lane
+    /// admitted on arrival: the lane, not the state, holds its capacity.
+    pub(crate) fn in_lane() -> Grant {
+        Grant {
+            held: Held {
+                bucket: BucketKey::Unranked,
+                generation: 0,
+            },
+            demand: Demand::default(),
+            admitted_at: None,
+            rank: None,
+            source: AdmitSource::Direct,
+            holds_request: true,
+            holds_waiting: true,
+            in_lane: true,
+        }
+    }
+
+    /// Whether the lane holds the grant's capacity.
+    #[inline]
+    pub(crate) fn is_in_lane(&self) -> bool {
+        self.in_lane
+    }
+
+    /// Gives up what a lane grant still holds of its waiting capacity and,
+    /// with `finished`, of its request capacity: what the lane takes back.
+    #[inline]
+    pub(crate) fn leave_lane(&mut self, finished: bool) -> Outside {
+        debug_assert!(self.in_lane, "a grant of the state leaves through the state");
+        let waiting = std::mem::take(&mut self.holds_waiting);
+        let request = finished && std::mem::take(&mut self.holds_request);
+        Outside {
+            requests: usize::from(request),
+            waiting: usize::from(waiting),
+        }
+    }
+
     /// The rank the request was admitted on (`None` when unranked).
     pub(crate) fn rank(&self) -> Option<u32> {
         self.rank

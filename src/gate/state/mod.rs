@@ -69,6 +69,7 @@ mod buckets;
 mod budget;
 mod codel;
 mod decision;
+mod outside;
 mod queue;
 mod saturation;
 mod view;
@@ -76,6 +77,7 @@ mod view;
 pub(crate) use self::accounting::Demand;
 use self::buckets::{Bucket, BucketKey, Buckets};
 pub(crate) use self::decision::{Arrival, Expiry, Grant, Polled, Ticket};
+pub(crate) use self::outside::{Outside, Room};
 
 /// A position in the entry slab; queues link entries by slot.
 type Slot = usize;
@@ -164,6 +166,12 @@ pub(crate) struct State<T> {
     /// The adaptive waiting limit, when it is on: it sets
     /// `limits.engine_request_waiting_limit`.
     adaptive: Option<adaptive::Adaptive>,
+    /// What the driver's lock-free lane held when last folded in (counted
+    /// in `total` and the unranked bucket); see [`outside`].
+    outside: Outside,
+    /// Whether the configuration lets the lane admit ([`outside`]),
+    /// decided once.
+    lane_allowed: bool,
 }
 
 impl<T> State<T> {
@@ -193,6 +201,8 @@ impl<T> State<T> {
             shed: false,
             codel_shedding: false,
             adaptive: None,
+            outside: Outside::default(),
+            lane_allowed: false,
         };
         state.codel = state
             .config
@@ -207,6 +217,7 @@ impl<T> State<T> {
             state.limits.engine_request_waiting_limit = adaptive.limit();
             state.adaptive = Some(adaptive);
         }
+        state.lane_allowed = state.allows_lane();
         if let Some(capacity) = capacity {
             state.report_capacity(capacity, None);
         }
