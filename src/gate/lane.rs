@@ -119,7 +119,8 @@ impl Lane {
     /// pass the capacity on to the queue.
     #[inline]
     pub(super) fn give_back(&self, released: Outside) -> bool {
-        let delta = ((released.requests as u64) << REQUESTS) | ((released.waiting as u64) << WAITING);
+        let delta =
+            ((released.requests as u64) << REQUESTS) | ((released.waiting as u64) << WAITING);
         if delta == 0 {
             return false;
         }
@@ -151,8 +152,7 @@ impl Lane {
     #[inline]
     pub(super) fn open(&self, room: Room) {
         let clamp = |room: usize| (room as u64).min(FIELD_MAX);
-        let rooms =
-            (clamp(room.requests) << ROOM_REQUESTS) | (clamp(room.waiting) << ROOM_WAITING);
+        let rooms = (clamp(room.requests) << ROOM_REQUESTS) | (clamp(room.waiting) << ROOM_WAITING);
         let keep = mask(REQUESTS) | mask(WAITING) | (ADMITTED_MAX << ADMITTED);
         // Closed, only give-backs race this: swap until one does not.
         let mut word = self.word.load(Ordering::Relaxed);
@@ -248,12 +248,14 @@ mod tests {
         let lane = Lane::new();
         lane.open(room(usize::MAX, usize::MAX));
         for _ in 0..FIELD_MAX {
-            assert!(lane.try_admit() || {
-                // The admission count is full: hand it over and go on.
-                let _ = lane.close();
-                lane.open(room(usize::MAX, usize::MAX));
-                lane.try_admit()
-            });
+            assert!(
+                lane.try_admit() || {
+                    // The admission count is full: hand it over and go on.
+                    let _ = lane.close();
+                    lane.open(room(usize::MAX, usize::MAX));
+                    lane.try_admit()
+                }
+            );
         }
         let (holding, _) = lane.close();
         assert_eq!(holding, held(FIELD_MAX as usize, FIELD_MAX as usize));

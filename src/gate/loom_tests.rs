@@ -149,3 +149,62 @@ fn a_token_budget_freed_on_another_thread_admits_the_next_long_prompt() {
         assert_empty(&gate);
     });
 }
+
+// The lock-free lane (`lane.rs`): plain unranked requests while nothing is
+// queued take one atomic operation per event; everything else the lock.
+
+#[test]
+fn a_lane_release_racing_an_arrival_that_queues_reaches_the_arrival() {
+    ::loom::model(|| {
+        let gate = gate(1, 1, 1);
+        let holder = block_on(gate.acquire(None)).unwrap();
+        let releaser = thread::spawn(move || drop(holder));
+        // Admitted by the lane after the release, or queued before it and
+        // handed the capacity: either way it must complete.
+        let permit = block_on(gate.acquire(None)).unwrap();
+        releaser.join().unwrap();
+        assert_eq!(gate.snapshot().total.engine_requests, 1);
+        drop(permit);
+        assert_empty(&gate);
+        assert_eq!(gate.snapshot().tally.admitted(), 2);
+    });
+}
+
+#[test]
+fn a_lane_arrival_racing_a_locked_arrival_never_passes_the_limit() {
+    ::loom::model(|| {
+        let gate = gate(1, 1, 0);
+        let other = gate.clone();
+        // A rank (unrecognised: no report yet) sends it through the lock.
+        let locked = thread::spawn(move || block_on(other.acquire(Some(0))));
+        let plain = block_on(gate.acquire(None));
+        let locked = locked.join().unwrap();
+        assert!(
+            plain.is_ok() != locked.is_ok(),
+            "one admitted, one rejected"
+        );
+        assert_eq!(gate.snapshot().total.engine_requests, 1);
+        drop((plain, locked));
+        assert_empty(&gate);
+        assert_eq!(gate.snapshot().tally.received, 2);
+    });
+}
+
+#[test]
+fn a_lane_first_token_racing_a_locked_arrival_frees_the_waiting_place() {
+    ::loom::model(|| {
+        let gate = gate(2, 1, 1);
+        let mut holder = block_on(gate.acquire(None)).unwrap();
+        let streamer = thread::spawn(move || {
+            holder.first_token();
+            holder
+        });
+        // Waiting is full until the first token: admitted after it, or
+        // queued before it and admitted by it.
+        let permit = block_on(gate.acquire(Some(0))).unwrap();
+        assert!(gate.snapshot().total.engine_waiting <= 1);
+        let holder = streamer.join().unwrap();
+        drop((permit, holder));
+        assert_empty(&gate);
+    });
+}

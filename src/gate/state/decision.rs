@@ -76,7 +76,10 @@ impl Grant {
     /// with `finished`, of its request capacity: what the lane takes back.
     #[inline]
     pub(crate) fn leave_lane(&mut self, finished: bool) -> Outside {
-        debug_assert!(self.in_lane, "a grant of the state leaves through the state");
+        debug_assert!(
+            self.in_lane,
+            "a grant of the state leaves through the state"
+        );
         let waiting = std::mem::take(&mut self.holds_waiting);
         let request = finished && std::mem::take(&mut self.holds_request);
         Outside {

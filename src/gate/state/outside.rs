@@ -83,9 +83,7 @@ impl<T> State<T> {
         }
         let ranks = self.active_ranks;
         let room = |limit: usize, held: usize, outside: usize| {
-            limit
-                .saturating_mul(ranks)
-                .saturating_sub(held - outside)
+            limit.saturating_mul(ranks).saturating_sub(held - outside)
         };
         Some(Room {
             requests: room(
