@@ -163,14 +163,16 @@ impl AdaptiveWaitingLimit {
         /// # Panics
         ///
         /// If `tolerance` is not a finite number of at least 1.
-        tolerance: f64, if tolerance.is_finite() && tolerance >= 1.0, else "{tolerance} (must be at least 1)";
+        tolerance: f64, if tolerance.is_finite() && tolerance >= 1.0,
+            else "{tolerance} (must be at least 1)";
 
         /// Sets the smoothing.
         ///
         /// # Panics
         ///
         /// If `smoothing` is not in `(0, 1]`.
-        smoothing: f64, if smoothing > 0.0 && smoothing <= 1.0, else "{smoothing} (must be in (0, 1])";
+        smoothing: f64, if smoothing > 0.0 && smoothing <= 1.0,
+            else "{smoothing} (must be in (0, 1])";
 
         /// Sets the interval.
         ///

@@ -24,7 +24,12 @@ macro_rules! admission_args {
         pub struct AdmissionArgs {
             $(
                 $(#[$doc])*
-                #[arg(long, value_name = $value_name, allow_negative_numbers = true, value_parser = $parser)]
+                #[arg(
+                    long,
+                    value_name = $value_name,
+                    allow_negative_numbers = true,
+                    value_parser = $parser
+                )]
                 pub $field: Option<$ty>,
             )+
             $($other)*

@@ -26,6 +26,7 @@ pub use self::cli::AdmissionArgs;
 pub(crate) use self::clock::Clock;
 pub use self::limits::{EngineCapacity, LimitSource, LimitSources, Limits, LimitsInForce};
 use self::setters::{LimitValue, duration_setters, limit_setters};
+use crate::builder::setters;
 
 /// Per-rank default for both engine limits until the engine reports its capacity.
 pub const DEFAULT_ENGINE_LIMIT: usize = 10_000;
@@ -169,22 +170,19 @@ impl AdmissionConfig {
         ttft_objective(objective);
     }
 
-    /// Honours the clients' own deadlines ([`Descriptor::deadline`](crate::Descriptor::deadline),
-    /// from a gRPC `grpc-timeout` or a header the layer reads): a request
-    /// waits in the queue no longer than its deadline. Off unless set, or
-    /// unless a queue wait limit or objective is set.
-    pub fn request_deadlines(mut self, honour: bool) -> Self {
-        self.request_deadlines = honour;
-        self
-    }
+    setters! {
+        /// Honours the clients' own deadlines ([`Descriptor::deadline`](crate::Descriptor::deadline),
+        /// from a gRPC `grpc-timeout` or a header the layer reads): a request
+        /// waits in the queue no longer than its deadline. Off unless set, or
+        /// unless a queue wait limit or objective is set.
+        fn request_deadlines(honour: bool) => request_deadlines = honour;
 
-    /// The clock the gate measures queue waits, drain rates and waiting
-    /// times with; `std::time::Instant::now` unless set. Only read when
-    /// deadlines are on. A test on tokio's paused time passes
-    /// `|| tokio::time::Instant::now().into_std()`.
-    pub fn clock(mut self, now: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
-        self.clock = Clock(Some(Arc::new(now)));
-        self
+        /// The clock the gate measures queue waits, drain rates and waiting
+        /// times with; `std::time::Instant::now` unless set. Only read when
+        /// deadlines are on. A test on tokio's paused time passes
+        /// `|| tokio::time::Instant::now().into_std()`.
+        fn clock(now: impl Fn() -> Instant + Send + Sync + 'static) =>
+            clock = Clock(Some(Arc::new(now)));
     }
 
     /// Whether the gate keeps time: a queue wait limit, a time-to-first-token
@@ -290,16 +288,15 @@ impl AdmissionConfig {
         self
     }
 
-    /// Records the gauge `<prefix>_saturation{dp_rank}` (feature
-    /// `metrics`): how saturated each rank is, and under
-    /// `dp_rank="unspecified"` the whole worker, from 0 (idle) to 1 (the
-    /// next request would be rejected); see [`Gate::saturation`](crate::Gate::saturation)
-    /// for the formula. The one series a router or an autoscaler needs.
-    /// Off unless set, so that the default series stay those of SPEC §6;
-    /// [`Gate::saturation`](crate::Gate::saturation) is always there.
-    pub fn saturation_metric(mut self, record: bool) -> Self {
-        self.saturation_metric = record;
-        self
+    setters! {
+        /// Records the gauge `<prefix>_saturation{dp_rank}` (feature
+        /// `metrics`): how saturated each rank is, and under
+        /// `dp_rank="unspecified"` the whole worker, from 0 (idle) to 1 (the
+        /// next request would be rejected); see [`Gate::saturation`](crate::Gate::saturation)
+        /// for the formula. The one series a router or an autoscaler needs.
+        /// Off unless set, so that the default series stay those of SPEC §6;
+        /// [`Gate::saturation`](crate::Gate::saturation) is always there.
+        fn saturation_metric(record: bool) => saturation_metric = record;
     }
 
     /// Whether the saturation gauge is recorded.
@@ -318,34 +315,32 @@ impl AdmissionConfig {
         self.deadlines_enabled() || self.adaptive_waiting_limit.is_some()
     }
 
-    /// Turns the adaptive engine request waiting limit on (with the
-    /// defaults of [`AdaptiveWaitingLimit`]) or off: the gate then moves
-    /// the per-rank waiting limit between 1 and the configured or reported
-    /// waiting limit by the engine waiting times it measures, instead of
-    /// keeping it fixed. Off unless set (`--adaptive-waiting-limit`,
-    /// `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT`). The gate keeps time
-    /// while it is on, on its [`clock`](Self::clock).
-    ///
-    /// ```
-    /// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
-    ///
-    /// let gate = Gate::new(
-    ///     AdmissionConfig::new()
-    ///         .adaptive_waiting_limit(true)
-    ///         .capacity(EngineCapacity::new(256, 1)),
-    /// );
-    /// // It starts at its floor and grows as the engine shows it can take more.
-    /// assert_eq!(gate.limits().engine_request_waiting_limit, 1);
-    /// ```
-    pub fn adaptive_waiting_limit(mut self, on: bool) -> Self {
-        self.adaptive_waiting_limit = on.then(AdaptiveWaitingLimit::default);
-        self
-    }
+    setters! {
+        /// Turns the adaptive engine request waiting limit on (with the
+        /// defaults of [`AdaptiveWaitingLimit`]) or off: the gate then moves
+        /// the per-rank waiting limit between 1 and the configured or reported
+        /// waiting limit by the engine waiting times it measures, instead of
+        /// keeping it fixed. Off unless set (`--adaptive-waiting-limit`,
+        /// `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT`). The gate keeps time
+        /// while it is on, on its [`clock`](Self::clock).
+        ///
+        /// ```
+        /// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+        ///
+        /// let gate = Gate::new(
+        ///     AdmissionConfig::new()
+        ///         .adaptive_waiting_limit(true)
+        ///         .capacity(EngineCapacity::new(256, 1)),
+        /// );
+        /// // It starts at its floor and grows as the engine shows it can take more.
+        /// assert_eq!(gate.limits().engine_request_waiting_limit, 1);
+        /// ```
+        fn adaptive_waiting_limit(on: bool) =>
+            adaptive_waiting_limit = on.then(AdaptiveWaitingLimit::default);
 
-    /// Turns the adaptive engine request waiting limit on with `params`.
-    pub fn adaptive_waiting_limit_with(mut self, params: AdaptiveWaitingLimit) -> Self {
-        self.adaptive_waiting_limit = Some(params);
-        self
+        /// Turns the adaptive engine request waiting limit on with `params`.
+        fn adaptive_waiting_limit_with(params: AdaptiveWaitingLimit) =>
+            adaptive_waiting_limit = Some(params);
     }
 
     /// The adaptive waiting limit's parameters, if it is on.
@@ -377,13 +372,12 @@ impl AdmissionConfig {
         self
     }
 
-    /// The prefix of every metric name (`<prefix>_<suffix>`); default
-    /// `admission`. `dynamo_backend_admission` gives the names of the source
-    /// system.
-    #[cfg(feature = "metrics")]
-    pub fn metrics_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.metrics_prefix = Some(prefix.into());
-        self
+    setters! {
+        /// The prefix of every metric name (`<prefix>_<suffix>`); default
+        /// `admission`. `dynamo_backend_admission` gives the names of the source
+        /// system.
+        #[cfg(feature = "metrics")]
+        fn metrics_prefix(prefix: impl Into<String>) => metrics_prefix = Some(prefix.into());
     }
 
     /// A configuration from the process environment (SPEC §5); see
