@@ -44,21 +44,15 @@ use tower_service::Service;
 
 use super::estimate::{CountTokens, estimate};
 use super::extension::{SetExtension, SetExtensionLayer, SetsCost};
+use super::reader::request_reader;
 use crate::gate::Cost;
 use crate::headers::single_value;
 
-/// Reads the cost of a request, if it can tell.
-pub trait CostExtractor<B> {
-    /// The request's cost; `None` leaves it unknown (0 tokens).
-    fn cost(&self, req: &Request<B>) -> Option<Cost>;
-}
-
-impl<B, F> CostExtractor<B> for F
-where
-    F: Fn(&Request<B>) -> Option<Cost>,
-{
-    fn cost(&self, req: &Request<B>) -> Option<Cost> {
-        self(req)
+request_reader! {
+    /// Reads the cost of a request, if it can tell.
+    pub trait CostExtractor<B> {
+        /// The request's cost; `None` leaves it unknown (0 tokens).
+        fn cost(&self, req: &Request<B>) -> Option<Cost>;
     }
 }
 

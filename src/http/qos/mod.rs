@@ -48,6 +48,7 @@ use std::fmt;
 
 use http::{HeaderName, HeaderValue, Request};
 
+use super::reader::request_reader;
 use crate::gate::Tenant;
 use crate::headers::single_value;
 
@@ -125,36 +126,29 @@ impl Qos {
     }
 }
 
-/// Reads a request's priority and tenant, for [`QosLayer`].
-///
-/// Closures `Fn(&Request<B>) -> Qos` are extractors too:
-///
-/// ```
-/// use tower_admission::Tenant;
-/// use tower_admission::http::{Qos, QosLayer};
-///
-/// // Batch traffic is sheddable, and one tenant.
-/// let layer = QosLayer::new(|req: &http::Request<axum::body::Body>| {
-///     if req.uri().path().starts_with("/batch/") {
-///         Qos::new().with_priority(-1).with_tenant(Tenant::new("batch"))
-///     } else {
-///         Qos::new()
-///     }
-/// });
-/// # let _ = layer;
-/// ```
-pub trait QosExtractor<B> {
-    /// What `req` says about its priority and tenant. Must not panic,
-    /// whatever the request carries.
-    fn qos(&self, req: &Request<B>) -> Qos;
-}
-
-impl<B, F> QosExtractor<B> for F
-where
-    F: Fn(&Request<B>) -> Qos,
-{
-    fn qos(&self, req: &Request<B>) -> Qos {
-        self(req)
+request_reader! {
+    /// Reads a request's priority and tenant, for [`QosLayer`].
+    ///
+    /// Closures `Fn(&Request<B>) -> Qos` are extractors too:
+    ///
+    /// ```
+    /// use tower_admission::Tenant;
+    /// use tower_admission::http::{Qos, QosLayer};
+    ///
+    /// // Batch traffic is sheddable, and one tenant.
+    /// let layer = QosLayer::new(|req: &http::Request<axum::body::Body>| {
+    ///     if req.uri().path().starts_with("/batch/") {
+    ///         Qos::new().with_priority(-1).with_tenant(Tenant::new("batch"))
+    ///     } else {
+    ///         Qos::new()
+    ///     }
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub trait QosExtractor<B> {
+        /// What `req` says about its priority and tenant. Must not panic,
+        /// whatever the request carries.
+        fn qos(&self, req: &Request<B>) -> Qos;
     }
 }
 
