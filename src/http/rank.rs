@@ -12,7 +12,7 @@ use std::fmt;
 use http::{HeaderName, Request};
 
 use super::reader::request_reader;
-use crate::headers::single_value;
+use crate::headers::{header_name, single_value};
 
 request_reader! {
     /// Reads the data-parallel rank a request asks for.
@@ -92,10 +92,9 @@ impl RankHeader {
         N: TryInto<HeaderName>,
         N::Error: fmt::Debug,
     {
-        let name = name
-            .try_into()
-            .expect("RankHeader::new: not a valid header name");
-        RankHeader { name }
+        RankHeader {
+            name: header_name(name, "RankHeader::new"),
+        }
     }
 
     /// The header read.
