@@ -83,12 +83,30 @@ pub struct Sidecar {
 
 impl std::fmt::Debug for Sidecar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sidecar")
-            .field("upstream", &self.upstream)
-            .field("paths", &self.paths)
-            .field("trust_router_headers", &self.trust_router_headers)
-            .finish_non_exhaustive()
+        debug_settings(
+            f,
+            "Sidecar",
+            &self.upstream,
+            &self.paths,
+            self.trust_router_headers,
+        )
     }
+}
+
+/// How a sidecar and its builder show themselves: by the settings they
+/// share (the gate shows its own state, the closures nothing).
+fn debug_settings(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    upstream: &Upstream,
+    paths: &[String],
+    trust_router_headers: bool,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field("upstream", upstream)
+        .field("paths", &paths)
+        .field("trust_router_headers", &trust_router_headers)
+        .finish_non_exhaustive()
 }
 
 /// Builds a [`Sidecar`].
@@ -105,10 +123,13 @@ pub struct SidecarBuilder {
 
 impl std::fmt::Debug for SidecarBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SidecarBuilder")
-            .field("upstream", &self.upstream)
-            .field("paths", &self.paths)
-            .finish_non_exhaustive()
+        debug_settings(
+            f,
+            "SidecarBuilder",
+            &self.upstream,
+            &self.paths,
+            self.trust_router_headers,
+        )
     }
 }
 
