@@ -4,12 +4,28 @@
 //! it imports nothing of the crate, so the server side ([`http`](crate::http))
 //! and the frontend side (`route`) both stand on it.
 
+use std::fmt;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// gRPC's request header carrying the client's deadline.
 pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// `name` as a header name, for the setters that take one (a `&str`,
+/// `String` or [`HeaderName`]). Header names are configuration, so one
+/// that is not valid is a programming error: it panics, naming `setter`.
+#[track_caller]
+pub(crate) fn header_name<N>(name: N, setter: &str) -> HeaderName
+where
+    N: TryInto<HeaderName>,
+    N::Error: fmt::Debug,
+{
+    match name.try_into() {
+        Ok(name) => name,
+        Err(error) => panic!("{setter}: not a valid header name: {error:?}"),
+    }
+}
 
 /// The value of header `name` when it is present exactly once: a repeated
 /// header is ambiguous, and every header this crate reads (rank, cost,

@@ -32,23 +32,15 @@ macro_rules! answer_json {
         }
     };
     (@ arrays, $answer:expr) => {
-        fn visit_seq<A: ::serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<::serde::de::IgnoredAny>()?.is_some() {}
-            Ok($answer)
-        }
+        answer_json!(@ skipped, $answer; visit_seq: SeqAccess);
     };
     (@ objects, $answer:expr) => {
-        fn visit_map<A: ::serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> Result<Self::Value, A::Error> {
-            while map
-                .next_entry::<::serde::de::IgnoredAny, ::serde::de::IgnoredAny>()?
-                .is_some()
-            {}
+        answer_json!(@ skipped, $answer; visit_map: MapAccess);
+    };
+    // `IgnoredAny` visits the elements or entries one by one and keeps none.
+    (@ skipped, $answer:expr; $visit:ident: $access:ident) => {
+        fn $visit<A: ::serde::de::$access<'de>>(self, access: A) -> Result<Self::Value, A::Error> {
+            ::serde::de::Visitor::$visit(::serde::de::IgnoredAny, access)?;
             Ok($answer)
         }
     };

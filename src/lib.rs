@@ -62,6 +62,7 @@
 #![deny(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod builder;
 mod config;
 #[cfg(feature = "http")]
 pub mod detect;

@@ -50,17 +50,12 @@ struct Args {
 
     /// Seconds the engine may take to send a response head (a whole
     /// non-streaming answer) before the client gets 504; 0: no limit.
-    #[arg(
-        long,
-        value_name = "S",
-        allow_negative_numbers = true,
-        default_value = "600"
-    )]
-    upstream_timeout_s: u64,
+    #[arg(long, value_name = "S", allow_negative_numbers = true, default_value = "600", value_parser = seconds)]
+    upstream_timeout_s: Duration,
 
     /// Milliseconds connecting to the engine may take before 504.
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, default_value = "2000", value_parser = positive)]
-    upstream_connect_timeout_ms: NonZeroUsize,
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, default_value = "2000", value_parser = positive_millis)]
+    upstream_connect_timeout_ms: Duration,
 
     /// The engine's max_num_seqs (sequences per data-parallel rank): the
     /// capacity report when the engine does not tell (vLLM). Without it the
@@ -75,8 +70,8 @@ struct Args {
     data_parallel_size: Option<NonZeroUsize>,
 
     /// Milliseconds between capacity reads once the engine has reported.
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, default_value = "5000", value_parser = positive)]
-    capacity_poll_interval_ms: NonZeroUsize,
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, default_value = "5000", value_parser = positive_millis)]
+    capacity_poll_interval_ms: Duration,
 
     /// A path whose POSTs pass the gate; repeat for each. Replaces the
     /// default list: /v1/chat/completions, /v1/completions, /v1/responses,
@@ -115,13 +110,8 @@ struct Args {
     merge_engine_metrics: bool,
 
     /// Seconds open responses get to finish after SIGTERM or Ctrl-C.
-    #[arg(
-        long,
-        value_name = "S",
-        allow_negative_numbers = true,
-        default_value = "30"
-    )]
-    shutdown_grace_s: u64,
+    #[arg(long, value_name = "S", allow_negative_numbers = true, default_value = "30", value_parser = seconds)]
+    shutdown_grace_s: Duration,
 
     #[command(flatten)]
     admission: AdmissionArgs,
@@ -135,6 +125,18 @@ fn positive(raw: &str) -> Result<NonZeroUsize, String> {
     raw.trim()
         .parse::<NonZeroUsize>()
         .map_err(|_| format!("{raw:?} is not a positive integer"))
+}
+
+/// A whole number of seconds, 0 included.
+fn seconds(raw: &str) -> Result<Duration, String> {
+    raw.parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|error| error.to_string())
+}
+
+/// A positive whole number of milliseconds.
+fn positive_millis(raw: &str) -> Result<Duration, String> {
+    positive(raw).map(|ms| Duration::from_millis(ms.get() as u64))
 }
 
 fn admit_path(raw: &str) -> Result<String, String> {
@@ -211,9 +213,8 @@ async fn main() -> ExitCode {
 
     let options = UpstreamOptions {
         h2c: args.upstream_h2c,
-        connect_timeout: Duration::from_millis(args.upstream_connect_timeout_ms.get() as u64),
-        response_timeout: (args.upstream_timeout_s > 0)
-            .then(|| Duration::from_secs(args.upstream_timeout_s)),
+        connect_timeout: args.upstream_connect_timeout_ms,
+        response_timeout: (!args.upstream_timeout_s.is_zero()).then_some(args.upstream_timeout_s),
     };
     let upstream = Upstream::new(args.upstream.clone(), options);
     let capacity_source = match flagged {
@@ -236,7 +237,7 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             let timing = DiscoveryTiming {
-                interval: Duration::from_millis(args.capacity_poll_interval_ms.get() as u64),
+                interval: args.capacity_poll_interval_ms,
                 ..DiscoveryTiming::default()
             };
             let ranks = args.data_parallel_size;
@@ -303,8 +304,14 @@ async fn main() -> ExitCode {
     println!("limits in force: {}", gate.limits_in_force());
     println!("admitted: POST {}", paths.join(", "));
 
-    let grace = Duration::from_secs(args.shutdown_grace_s);
-    proxy::serve(listener, sidecar, drain, shutdown_signal(), grace).await;
+    proxy::serve(
+        listener,
+        sidecar,
+        drain,
+        shutdown_signal(),
+        args.shutdown_grace_s,
+    )
+    .await;
     eprintln!("stopped");
     ExitCode::SUCCESS
 }

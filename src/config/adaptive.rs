@@ -117,115 +117,83 @@ impl Default for AdaptiveWaitingLimit {
     }
 }
 
+/// Builder methods that set one parameter, checked: unless `$valid`
+/// holds of the value, they panic naming the parameter, the value and the
+/// rule (`$why`).
+macro_rules! checked_setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty, if $valid:expr, else $why:literal;)+) => {$(
+        $(#[$doc])*
+        #[track_caller]
+        pub fn $name(mut self, $name: $ty) -> Self {
+            assert!(
+                $valid,
+                "invalid adaptive waiting limit {}: {}",
+                stringify!($name),
+                format_args!($why)
+            );
+            self.$name = $name.into();
+            self
+        }
+    )+};
+}
+
 impl AdaptiveWaitingLimit {
     /// The defaults of the table above.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Sets the floor.
-    ///
-    /// # Panics
-    ///
-    /// If `floor` is 0.
-    #[track_caller]
-    pub fn floor(mut self, floor: usize) -> Self {
-        assert!(
-            floor > 0,
-            "invalid adaptive waiting limit floor: 0 (the floor must be a positive integer)"
-        );
-        self.floor = floor;
-        self
-    }
+    checked_setters! {
+        /// Sets the floor.
+        ///
+        /// # Panics
+        ///
+        /// If `floor` is 0.
+        floor: usize, if floor > 0, else "0 (the floor must be a positive integer)";
 
-    /// Sets the ceiling; a ceiling below the floor is raised to it.
-    ///
-    /// # Panics
-    ///
-    /// If `ceiling` is 0.
-    #[track_caller]
-    pub fn ceiling(mut self, ceiling: usize) -> Self {
-        assert!(
-            ceiling > 0,
-            "invalid adaptive waiting limit ceiling: 0 (the ceiling must be a positive integer)"
-        );
-        self.ceiling = Some(ceiling);
-        self
-    }
+        /// Sets the ceiling; a ceiling below the floor is raised to it.
+        ///
+        /// # Panics
+        ///
+        /// If `ceiling` is 0.
+        ceiling: usize, if ceiling > 0, else "0 (the ceiling must be a positive integer)";
 
-    /// Sets the tolerance.
-    ///
-    /// # Panics
-    ///
-    /// If `tolerance` is not a finite number of at least 1.
-    #[track_caller]
-    pub fn tolerance(mut self, tolerance: f64) -> Self {
-        assert!(
-            tolerance.is_finite() && tolerance >= 1.0,
-            "invalid adaptive waiting limit tolerance: {tolerance} (must be at least 1)"
-        );
-        self.tolerance = tolerance;
-        self
-    }
+        /// Sets the tolerance.
+        ///
+        /// # Panics
+        ///
+        /// If `tolerance` is not a finite number of at least 1.
+        tolerance: f64, if tolerance.is_finite() && tolerance >= 1.0,
+            else "{tolerance} (must be at least 1)";
 
-    /// Sets the smoothing.
-    ///
-    /// # Panics
-    ///
-    /// If `smoothing` is not in `(0, 1]`.
-    #[track_caller]
-    pub fn smoothing(mut self, smoothing: f64) -> Self {
-        assert!(
-            smoothing > 0.0 && smoothing <= 1.0,
-            "invalid adaptive waiting limit smoothing: {smoothing} (must be in (0, 1])"
-        );
-        self.smoothing = smoothing;
-        self
-    }
+        /// Sets the smoothing.
+        ///
+        /// # Panics
+        ///
+        /// If `smoothing` is not in `(0, 1]`.
+        smoothing: f64, if smoothing > 0.0 && smoothing <= 1.0,
+            else "{smoothing} (must be in (0, 1])";
 
-    /// Sets the interval.
-    ///
-    /// # Panics
-    ///
-    /// If `interval` is zero.
-    #[track_caller]
-    pub fn interval(mut self, interval: Duration) -> Self {
-        assert!(
-            !interval.is_zero(),
-            "invalid adaptive waiting limit interval: 0 (must be positive)"
-        );
-        self.interval = interval;
-        self
-    }
+        /// Sets the interval.
+        ///
+        /// # Panics
+        ///
+        /// If `interval` is zero.
+        interval: Duration, if !interval.is_zero(), else "0 (must be positive)";
 
-    /// Sets the probe interval.
-    ///
-    /// # Panics
-    ///
-    /// If `probe_interval` is zero.
-    #[track_caller]
-    pub fn probe_interval(mut self, probe_interval: Duration) -> Self {
-        assert!(
-            !probe_interval.is_zero(),
-            "invalid adaptive waiting limit probe_interval: 0 (must be positive)"
-        );
-        self.probe_interval = probe_interval;
-        self
-    }
+        /// Sets the probe interval.
+        ///
+        /// # Panics
+        ///
+        /// If `probe_interval` is zero.
+        probe_interval: Duration, if !probe_interval.is_zero(), else "0 (must be positive)";
 
-    /// Sets the samples a probe averages.
-    ///
-    /// # Panics
-    ///
-    /// If `probe_samples` is 0.
-    #[track_caller]
-    pub fn probe_samples(mut self, probe_samples: usize) -> Self {
-        assert!(
-            probe_samples > 0,
-            "invalid adaptive waiting limit probe_samples: 0 (must be a positive integer)"
-        );
-        self.probe_samples = probe_samples;
-        self
+        /// Sets the samples a probe averages.
+        ///
+        /// # Panics
+        ///
+        /// If `probe_samples` is 0.
+        probe_samples: usize, if probe_samples > 0, else "0 (must be a positive integer)";
     }
 
     /// The ceiling in force when the configured or reported waiting limit

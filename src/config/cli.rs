@@ -5,160 +5,192 @@ use std::num::NonZeroUsize;
 use super::AdmissionConfig;
 use super::env::{self, Overrides};
 
-/// The admission flags of SPEC §5, to flatten into a worker's own
-/// [`clap::Parser`]:
-///
-/// | flag | environment (canonical, then alias) |
-/// |---|---|
-/// | `--engine-request-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
-/// | `--engine-request-waiting-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
-/// | `--request-queue-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
-/// | `--engine-waiting-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT` |
-/// | `--engine-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
-/// | `--request-queue-token-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
-/// | `--request-queue-wait-limit-ms <MS>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
-/// | `--ttft-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
-/// | `--aging-interval-ms <MS>` | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
-/// | `--queue-delay-target-ms <MS>` | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
-/// | `--priority-bands <BANDS>` | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` |
-/// | `--tenant-weight <NAME=WEIGHT>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` |
-/// | `--adaptive-waiting-limit[=<BOOL>]` | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` |
-///
-/// The token limits are off unless set: requests are then counted, not
-/// weighed. So are the queue wait limit and the time-to-first-token
-/// objective: a queued request then waits as long as the queue takes. So is
-/// aging (SPEC §8); without `--priority-bands` every priority is a band of
-/// its own, and a tenant without a weight weighs 1.
-///
-/// Priority bands are comma-separated integers (`--priority-bands=-1,0,10`),
-/// none listed twice; the variable takes the same list. Tenant weights are
-/// `NAME=WEIGHT` with a positive integer weight, one flag per tenant
-/// (`--tenant-weight chat=4 --tenant-weight batch=1`; a tenant named by two
-/// flags gets the last weight); the variable takes them comma-separated
-/// (`chat=4,batch=1`), no tenant twice. Any `--tenant-weight` flag keeps
-/// the variable unread.
-///
-/// An invalid flag value (zero, negative or non-numeric engine limits, a
-/// negative or non-numeric queue limit, a zero interval or weight, a band
-/// that is not an integer or is listed twice, an empty tenant name) fails
-/// parsing with an error naming the flag and the value, so the worker does
-/// not start.
-/// [`resolve`](Self::resolve) then fills in what the flags left unset, per
-/// setting: flag, canonical variable, alias, default.
-///
-/// ```
-/// use clap::Parser;
-/// use tower_admission::AdmissionArgs;
-///
-/// #[derive(Parser)]
-/// struct Worker {
-///     #[command(flatten)]
-///     admission: AdmissionArgs,
-///     #[arg(long, default_value = "8000")]
-///     port: u16,
-/// }
-///
-/// let worker = Worker::parse_from(["worker", "--engine-request-waiting-limit", "12"]);
-/// let config = worker.admission.resolve_with(|variable| match variable {
-///     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT" => Some("64".into()),
-///     "DYN_ENGINE_REQUEST_LIMIT" => Some("32".into()),
-///     _ => None,
-/// });
-/// assert_eq!(config.explicit_engine_request_waiting_limit(), Some(12)); // the flag wins
-/// assert_eq!(config.explicit_engine_request_limit(), Some(32)); // from the alias
-/// assert_eq!(config.explicit_request_queue_limit(), None); // follows the engine
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
-pub struct AdmissionArgs {
-    /// Admitted requests per data-parallel rank whose response has not
-    /// ended [default: the engine's max_num_seqs; env:
-    /// DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT, DYN_ENGINE_REQUEST_LIMIT]
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub engine_request_limit: Option<NonZeroUsize>,
+/// Declares [`AdmissionArgs`]: first its numeric flags, in the order of
+/// [`env::NUMERIC`], one line each (field, value name, parser), then the
+/// other fields as written; and `numeric`, the numeric flags' values in
+/// that order, for [`Overrides::numeric`].
+macro_rules! admission_args {
+    (
+        $(#[$attr:meta])*
+        pub struct AdmissionArgs {
+            numeric: [$(
+                $(#[$doc:meta])*
+                pub $field:ident: Option<$ty:ty> as $value_name:literal by $parser:ident,
+            )+]
+            $($other:tt)*
+        }
+    ) => {
+        $(#[$attr])*
+        pub struct AdmissionArgs {
+            $(
+                $(#[$doc])*
+                #[arg(
+                    long,
+                    value_name = $value_name,
+                    allow_negative_numbers = true,
+                    value_parser = $parser
+                )]
+                pub $field: Option<$ty>,
+            )+
+            $($other)*
+        }
 
-    /// Admitted requests per data-parallel rank without a first token or
-    /// completion yet [default: the engine's max_num_seqs; env:
-    /// DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT,
-    /// DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT]
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub engine_request_waiting_limit: Option<NonZeroUsize>,
+        impl AdmissionArgs {
+            fn numeric(&self) -> [Option<usize>; env::NUMERIC.len()] {
+                [$(self.$field.map(usize::from)),+]
+            }
+        }
+    };
+}
 
-    /// Requests per data-parallel rank waiting in the gate's queue; 0
-    /// disables queueing [default: 2 × the engine's max_num_seqs; env:
-    /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT, DYN_DYNAMO_REQUEST_QUEUE_LIMIT]
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = queue_limit)]
-    pub request_queue_limit: Option<usize>,
+admission_args! {
+    /// The admission flags of SPEC §5, to flatten into a worker's own
+    /// [`clap::Parser`]:
+    ///
+    /// | flag | environment (canonical, then alias) |
+    /// |---|---|
+    /// | `--engine-request-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
+    /// | `--engine-request-waiting-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
+    /// | `--request-queue-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
+    /// | `--engine-waiting-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT` |
+    /// | `--engine-token-limit <N>` | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
+    /// | `--request-queue-token-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
+    /// | `--request-queue-wait-limit-ms <MS>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
+    /// | `--ttft-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
+    /// | `--aging-interval-ms <MS>` | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+    /// | `--queue-delay-target-ms <MS>` | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
+    /// | `--priority-bands <BANDS>` | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` |
+    /// | `--tenant-weight <NAME=WEIGHT>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` |
+    /// | `--adaptive-waiting-limit[=<BOOL>]` | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` |
+    ///
+    /// The token limits are off unless set: requests are then counted, not
+    /// weighed. So are the queue wait limit and the time-to-first-token
+    /// objective: a queued request then waits as long as the queue takes. So is
+    /// aging (SPEC §8); without `--priority-bands` every priority is a band of
+    /// its own, and a tenant without a weight weighs 1.
+    ///
+    /// Priority bands are comma-separated integers (`--priority-bands=-1,0,10`),
+    /// none listed twice; the variable takes the same list. Tenant weights are
+    /// `NAME=WEIGHT` with a positive integer weight, one flag per tenant
+    /// (`--tenant-weight chat=4 --tenant-weight batch=1`; a tenant named by two
+    /// flags gets the last weight); the variable takes them comma-separated
+    /// (`chat=4,batch=1`), no tenant twice. Any `--tenant-weight` flag keeps
+    /// the variable unread.
+    ///
+    /// An invalid flag value (zero, negative or non-numeric engine limits, a
+    /// negative or non-numeric queue limit, a zero interval or weight, a band
+    /// that is not an integer or is listed twice, an empty tenant name) fails
+    /// parsing with an error naming the flag and the value, so the worker does
+    /// not start.
+    /// [`resolve`](Self::resolve) then fills in what the flags left unset, per
+    /// setting: flag, canonical variable, alias, default.
+    ///
+    /// ```
+    /// use clap::Parser;
+    /// use tower_admission::AdmissionArgs;
+    ///
+    /// #[derive(Parser)]
+    /// struct Worker {
+    ///     #[command(flatten)]
+    ///     admission: AdmissionArgs,
+    ///     #[arg(long, default_value = "8000")]
+    ///     port: u16,
+    /// }
+    ///
+    /// let worker = Worker::parse_from(["worker", "--engine-request-waiting-limit", "12"]);
+    /// let config = worker.admission.resolve_with(|variable| match variable {
+    ///     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT" => Some("64".into()),
+    ///     "DYN_ENGINE_REQUEST_LIMIT" => Some("32".into()),
+    ///     _ => None,
+    /// });
+    /// assert_eq!(config.explicit_engine_request_waiting_limit(), Some(12)); // the flag wins
+    /// assert_eq!(config.explicit_engine_request_limit(), Some(32)); // from the alias
+    /// assert_eq!(config.explicit_request_queue_limit(), None); // follows the engine
+    /// ```
+    #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+    pub struct AdmissionArgs {
+        numeric: [
+            /// Admitted requests per data-parallel rank whose response has not
+            /// ended [default: the engine's max_num_seqs; env:
+            /// DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT, DYN_ENGINE_REQUEST_LIMIT]
+            pub engine_request_limit: Option<NonZeroUsize> as "N" by engine_limit,
 
-    /// Prompt tokens per data-parallel rank of admitted requests without a
-    /// first token yet [default: off; env:
-    /// DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT]
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub engine_waiting_token_limit: Option<NonZeroUsize>,
+            /// Admitted requests per data-parallel rank without a first token or
+            /// completion yet [default: the engine's max_num_seqs; env:
+            /// DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT,
+            /// DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT]
+            pub engine_request_waiting_limit: Option<NonZeroUsize> as "N" by engine_limit,
 
-    /// Prompt plus maximum output tokens per data-parallel rank of admitted
-    /// requests whose response has not ended [default: off; env:
-    /// DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT]
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub engine_token_limit: Option<NonZeroUsize>,
+            /// Requests per data-parallel rank waiting in the gate's queue; 0
+            /// disables queueing [default: 2 × the engine's max_num_seqs; env:
+            /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT, DYN_DYNAMO_REQUEST_QUEUE_LIMIT]
+            pub request_queue_limit: Option<usize> as "N" by queue_limit,
 
-    /// Prompt tokens per data-parallel rank of requests waiting in the
-    /// gate's queue [default: off; env:
-    /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT]
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub request_queue_token_limit: Option<NonZeroUsize>,
+            /// Prompt tokens per data-parallel rank of admitted requests without a
+            /// first token yet [default: off; env:
+            /// DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT]
+            pub engine_waiting_token_limit: Option<NonZeroUsize> as "N" by engine_limit,
 
-    /// Longest time a request may wait in the gate's queue, in
-    /// milliseconds; a request predicted to wait longer is rejected at once
-    /// [default: off; env: DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS]
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub request_queue_wait_limit_ms: Option<NonZeroUsize>,
+            /// Prompt plus maximum output tokens per data-parallel rank of admitted
+            /// requests whose response has not ended [default: off; env:
+            /// DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT]
+            pub engine_token_limit: Option<NonZeroUsize> as "N" by engine_limit,
 
-    /// Time-to-first-token objective in milliseconds: the queue wait budget
-    /// becomes the objective minus the measured engine waiting time
-    /// [default: off; env: DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS]
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub ttft_objective_ms: Option<NonZeroUsize>,
+            /// Prompt tokens per data-parallel rank of requests waiting in the
+            /// gate's queue [default: off; env:
+            /// DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT]
+            pub request_queue_token_limit: Option<NonZeroUsize> as "N" by engine_limit,
 
-    /// A queued request rises one priority band per this many milliseconds
-    /// of waiting, so a steady stream of higher-priority work never starves
-    /// it [default: off; env: DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS]
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub aging_interval_ms: Option<NonZeroUsize>,
+            /// Longest time a request may wait in the gate's queue, in
+            /// milliseconds; a request predicted to wait longer is rejected at once
+            /// [default: off; env: DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS]
+            pub request_queue_wait_limit_ms: Option<NonZeroUsize> as "MS" by engine_limit,
 
-    /// Controlled delay: once a queue's wait has stayed above this many
-    /// milliseconds for 100 ms, its requests older than it are answered as
-    /// overload (reason queue_delay) until it drains [default: off; env:
-    /// DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS]
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = engine_limit)]
-    pub queue_delay_target_ms: Option<NonZeroUsize>,
+            /// Time-to-first-token objective in milliseconds: the queue wait budget
+            /// becomes the objective minus the measured engine waiting time
+            /// [default: off; env: DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS]
+            pub ttft_objective_ms: Option<NonZeroUsize> as "MS" by engine_limit,
 
-    /// Comma-separated priorities that are bands, e.g. -1,0,10: a request
-    /// belongs to the highest band at or below its priority [default: every
-    /// priority is a band; env: DYN_BACKEND_ADMISSION_PRIORITY_BANDS]
-    // Fully qualified: one value holding a list, not a repeatable flag.
-    #[arg(long, value_name = "BANDS", allow_hyphen_values = true, value_parser = priority_bands)]
-    pub priority_bands: Option<::std::vec::Vec<i32>>,
+            /// A queued request rises one priority band per this many milliseconds
+            /// of waiting, so a steady stream of higher-priority work never starves
+            /// it [default: off; env: DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS]
+            pub aging_interval_ms: Option<NonZeroUsize> as "MS" by engine_limit,
 
-    /// Weight of a tenant in fair sharing within a band, as NAME=WEIGHT;
-    /// repeat for each tenant [default: every tenant weighs 1; env:
-    /// DYN_BACKEND_ADMISSION_TENANT_WEIGHTS, comma-separated]
-    #[arg(long, value_name = "NAME=WEIGHT", value_parser = tenant_weight)]
-    pub tenant_weight: Vec<(String, u32)>,
+            /// Controlled delay: once a queue's wait has stayed above this many
+            /// milliseconds for 100 ms, its requests older than it are answered as
+            /// overload (reason queue_delay) until it drains [default: off; env:
+            /// DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS]
+            pub queue_delay_target_ms: Option<NonZeroUsize> as "MS" by engine_limit,
+        ]
 
-    /// Move the engine request waiting limit per rank between 1 and its
-    /// configured or reported value by the engine waiting time the gate
-    /// measures (a latency gradient; see AdaptiveWaitingLimit); with no
-    /// value, true [default: off; env:
-    /// DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT]
-    #[arg(
-        long,
-        value_name = "BOOL",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = switch
-    )]
-    pub adaptive_waiting_limit: Option<bool>,
+        /// Comma-separated priorities that are bands, e.g. -1,0,10: a request
+        /// belongs to the highest band at or below its priority [default: every
+        /// priority is a band; env: DYN_BACKEND_ADMISSION_PRIORITY_BANDS]
+        // Fully qualified: one value holding a list, not a repeatable flag.
+        #[arg(long, value_name = "BANDS", allow_hyphen_values = true, value_parser = priority_bands)]
+        pub priority_bands: Option<::std::vec::Vec<i32>>,
+
+        /// Weight of a tenant in fair sharing within a band, as NAME=WEIGHT;
+        /// repeat for each tenant [default: every tenant weighs 1; env:
+        /// DYN_BACKEND_ADMISSION_TENANT_WEIGHTS, comma-separated]
+        #[arg(long, value_name = "NAME=WEIGHT", value_parser = tenant_weight)]
+        pub tenant_weight: Vec<(String, u32)>,
+
+        /// Move the engine request waiting limit per rank between 1 and its
+        /// configured or reported value by the engine waiting time the gate
+        /// measures (a latency gradient; see AdaptiveWaitingLimit); with no
+        /// value, true [default: off; env:
+        /// DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT]
+        #[arg(
+            long,
+            value_name = "BOOL",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "true",
+            value_parser = switch
+        )]
+        pub adaptive_waiting_limit: Option<bool>,
+    }
 }
 
 impl AdmissionArgs {
@@ -172,20 +204,8 @@ impl AdmissionArgs {
     /// `lookup` instead of the process environment. The variables of a
     /// setting given by a flag are not read.
     pub fn resolve_with(&self, lookup: impl Fn(&str) -> Option<String>) -> AdmissionConfig {
-        // In the order of `env::NUMERIC`.
         let overrides = Overrides {
-            numeric: [
-                self.engine_request_limit.map(NonZeroUsize::get),
-                self.engine_request_waiting_limit.map(NonZeroUsize::get),
-                self.request_queue_limit,
-                self.engine_waiting_token_limit.map(NonZeroUsize::get),
-                self.engine_token_limit.map(NonZeroUsize::get),
-                self.request_queue_token_limit.map(NonZeroUsize::get),
-                self.request_queue_wait_limit_ms.map(NonZeroUsize::get),
-                self.ttft_objective_ms.map(NonZeroUsize::get),
-                self.aging_interval_ms.map(NonZeroUsize::get),
-                self.queue_delay_target_ms.map(NonZeroUsize::get),
-            ],
+            numeric: self.numeric(),
             priority_bands: self.priority_bands.clone(),
             tenant_weights: (!self.tenant_weight.is_empty()).then(|| self.tenant_weight.clone()),
             adaptive_waiting_limit: self.adaptive_waiting_limit,

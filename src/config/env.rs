@@ -456,6 +456,17 @@ fn is_negative_integer(value: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// `parse` rejects each value with an error that says why.
+    fn assert_rejected<T: fmt::Debug>(
+        parse: impl Fn(&str) -> Result<T, String>,
+        cases: &[(&str, &str)],
+    ) {
+        for (raw, why) in cases {
+            let error = parse(raw).expect_err(raw);
+            assert!(error.contains(why), "{raw:?}: {error}");
+        }
+    }
+
     #[test]
     fn parse_explains_each_kind_of_invalid_value() {
         assert_eq!(parse(" 7\t", 1), Ok(7));
@@ -477,20 +488,20 @@ mod tests {
     fn priority_bands_are_distinct_integers() {
         assert_eq!(parse_priority_bands(" 10, -1 ,0"), Ok(vec![10, -1, 0]));
         assert_eq!(parse_priority_bands("7"), Ok(vec![7]));
-        for (raw, why) in [
-            ("", "empty"),
-            (" ", "empty"),
-            ("1,,2", "empty item"),
-            ("1,", "empty item"),
-            ("1,x", "\"x\" is not an integer"),
-            ("1.5", "not an integer"),
-            ("2147483648", "out of range"),
-            ("-2147483649", "out of range"),
-            ("0,5,0", "0 is listed twice"),
-        ] {
-            let error = parse_priority_bands(raw).expect_err(raw);
-            assert!(error.contains(why), "{raw:?}: {error}");
-        }
+        assert_rejected(
+            parse_priority_bands,
+            &[
+                ("", "empty"),
+                (" ", "empty"),
+                ("1,,2", "empty item"),
+                ("1,", "empty item"),
+                ("1,x", "\"x\" is not an integer"),
+                ("1.5", "not an integer"),
+                ("2147483648", "out of range"),
+                ("-2147483649", "out of range"),
+                ("0,5,0", "0 is listed twice"),
+            ],
+        );
     }
 
     #[test]
@@ -501,14 +512,14 @@ mod tests {
         for raw in ["false", "0", "No", " off"] {
             assert_eq!(parse_switch(raw), Ok(false), "{raw:?}");
         }
-        for (raw, why) in [
-            ("", "empty"),
-            ("2", "expected true or false"),
-            ("enabled", "expected"),
-        ] {
-            let error = parse_switch(raw).expect_err(raw);
-            assert!(error.contains(why), "{raw:?}: {error}");
-        }
+        assert_rejected(
+            parse_switch,
+            &[
+                ("", "empty"),
+                ("2", "expected true or false"),
+                ("enabled", "expected"),
+            ],
+        );
     }
 
     #[test]
@@ -517,20 +528,20 @@ mod tests {
             parse_tenant_weights(" chat = 4 ,batch=1"),
             Ok(vec![("chat".to_owned(), 4), ("batch".to_owned(), 1)])
         );
-        for (raw, why) in [
-            ("", "empty"),
-            ("chat", "expected NAME=WEIGHT"),
-            ("=3", "name is empty"),
-            ("chat=0", "positive integer"),
-            ("chat=-1", "negative"),
-            ("chat=x", "not an integer"),
-            ("chat=", "empty"),
-            ("chat=4294967296", "too large"),
-            ("chat=1,chat=2", "two weights"),
-            ("chat=1,", "expected NAME=WEIGHT"),
-        ] {
-            let error = parse_tenant_weights(raw).expect_err(raw);
-            assert!(error.contains(why), "{raw:?}: {error}");
-        }
+        assert_rejected(
+            parse_tenant_weights,
+            &[
+                ("", "empty"),
+                ("chat", "expected NAME=WEIGHT"),
+                ("=3", "name is empty"),
+                ("chat=0", "positive integer"),
+                ("chat=-1", "negative"),
+                ("chat=x", "not an integer"),
+                ("chat=", "empty"),
+                ("chat=4294967296", "too large"),
+                ("chat=1,chat=2", "two weights"),
+                ("chat=1,", "expected NAME=WEIGHT"),
+            ],
+        );
     }
 }

@@ -13,9 +13,9 @@ mod clock;
 mod env;
 mod limits;
 mod qos;
+mod setters;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +25,8 @@ pub use self::adaptive::AdaptiveWaitingLimit;
 pub use self::cli::AdmissionArgs;
 pub(crate) use self::clock::Clock;
 pub use self::limits::{EngineCapacity, LimitSource, LimitSources, Limits, LimitsInForce};
+use self::setters::{LimitValue, duration_setters, limit_setters};
+use crate::builder::setters;
 
 /// Per-rank default for both engine limits until the engine reports its capacity.
 pub const DEFAULT_ENGINE_LIMIT: usize = 10_000;
@@ -52,7 +54,7 @@ pub const MAX_DP_RANKS: usize = 4096;
 /// assert_eq!(gate.limits().engine_request_limit, 256); // follows the engine
 /// assert_eq!(gate.limits().engine_request_waiting_limit, 12); // explicit
 /// ```
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AdmissionConfig {
     pub(crate) engine_request_limit: Option<NonZeroUsize>,
     pub(crate) engine_request_waiting_limit: Option<NonZeroUsize>,
@@ -84,184 +86,103 @@ pub struct AdmissionConfig {
 /// it sheds, unless set.
 pub(crate) const DEFAULT_QUEUE_DELAY_INTERVAL: Duration = Duration::from_millis(100);
 
-impl fmt::Debug for AdmissionConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("AdmissionConfig");
-        d.field("engine_request_limit", &self.engine_request_limit)
-            .field(
-                "engine_request_waiting_limit",
-                &self.engine_request_waiting_limit,
-            )
-            .field("request_queue_limit", &self.request_queue_limit)
-            .field(
-                "engine_waiting_token_limit",
-                &self.engine_waiting_token_limit,
-            )
-            .field("engine_token_limit", &self.engine_token_limit)
-            .field("request_queue_token_limit", &self.request_queue_token_limit)
-            .field("request_queue_wait_limit", &self.request_queue_wait_limit)
-            .field("ttft_objective", &self.ttft_objective)
-            .field("queue_delay_target", &self.queue_delay_target)
-            .field("queue_delay_interval", &self.queue_delay_interval)
-            .field(
-                "retry_after_from_drain_rate",
-                &self.retry_after_from_drain_rate,
-            )
-            .field("saturation_metric", &self.saturation_metric)
-            .field("request_deadlines", &self.request_deadlines)
-            .field("aging_interval", &self.aging_interval)
-            .field("priority_bands", &self.priority_bands)
-            .field("tenant_weights", &self.tenant_weights)
-            .field("capacity", &self.capacity)
-            .field("adaptive_waiting_limit", &self.adaptive_waiting_limit)
-            .field("sources", &self.sources);
-        #[cfg(feature = "metrics")]
-        d.field("metrics_prefix", &self.metrics_prefix);
-        d.finish()
-    }
-}
-
 impl AdmissionConfig {
     /// A configuration where every setting follows the engine.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Sets the engine request limit per rank: admitted requests whose
-    /// response has not ended.
-    ///
-    /// # Panics
-    ///
-    /// If `n` is 0: a gate that can admit nothing is a configuration error.
-    #[track_caller]
-    pub fn engine_request_limit(mut self, n: usize) -> Self {
-        self.engine_request_limit = Some(positive("engine_request_limit", n));
-        self.sources.engine_request_limit = LimitSource::Code;
-        self
+    limit_setters! {
+        /// Sets the engine request limit per rank: admitted requests whose
+        /// response has not ended.
+        ///
+        /// # Panics
+        ///
+        /// If `n` is 0: a gate that can admit nothing is a configuration error.
+        engine_request_limit;
+
+        /// Sets the engine request waiting limit per rank: admitted requests that
+        /// have produced neither a first token nor a completion.
+        ///
+        /// # Panics
+        ///
+        /// If `n` is 0.
+        engine_request_waiting_limit;
+
+        /// Sets the request queue limit per rank. `0` disables queueing: a request
+        /// that cannot enter the engine at once is rejected.
+        request_queue_limit;
+
+        /// Sets the engine waiting token limit per rank: prompt tokens of
+        /// admitted requests that have produced neither a first token nor a
+        /// completion. Off unless set. Size it as time-to-first-token objective
+        /// × prefill tokens per second ([`sizing::token_budget`](crate::sizing::token_budget)).
+        ///
+        /// A request whose prompt alone exceeds the limit is admitted when no
+        /// other waiting request holds prompt tokens: it runs alone rather than
+        /// being refused for its size.
+        ///
+        /// # Panics
+        ///
+        /// If `n` is 0.
+        engine_waiting_token_limit;
+
+        /// Sets the engine token limit per rank: prompt plus maximum output
+        /// tokens of admitted requests whose response has not ended (a stand-in
+        /// for the KV cache they may occupy). Off unless set.
+        ///
+        /// # Panics
+        ///
+        /// If `n` is 0.
+        engine_token_limit;
+
+        /// Sets the request queue token limit per rank: prompt tokens of
+        /// requests waiting in the gate's queue. Off unless set.
+        ///
+        /// # Panics
+        ///
+        /// If `n` is 0.
+        request_queue_token_limit;
     }
 
-    /// Sets the engine request waiting limit per rank: admitted requests that
-    /// have produced neither a first token nor a completion.
-    ///
-    /// # Panics
-    ///
-    /// If `n` is 0.
-    #[track_caller]
-    pub fn engine_request_waiting_limit(mut self, n: usize) -> Self {
-        self.engine_request_waiting_limit = Some(positive("engine_request_waiting_limit", n));
-        self.sources.engine_request_waiting_limit = LimitSource::Code;
-        self
+    duration_setters! {
+        /// Sets the request queue wait limit: no request waits in the queue
+        /// longer; one whose wait would end later leaves the queue when it does
+        /// and is rejected with [`RejectionReason::Deadline`](crate::RejectionReason::Deadline),
+        /// and one that is predicted not to be admitted in time (from the rate
+        /// its queue drains at) is rejected on arrival. Off unless set: by
+        /// default a queued request waits as long as the queue takes.
+        ///
+        /// # Panics
+        ///
+        /// If `limit` is zero (use a queue limit of 0 to have no queue).
+        request_queue_wait_limit(limit);
+
+        /// Sets the time-to-first-token objective: each request's queue wait
+        /// budget becomes the objective minus the measured mean engine waiting
+        /// time (admission to first token), never below zero, so that admitted
+        /// requests can still meet it. The one number to tune instead of a
+        /// queue length. Off unless set.
+        ///
+        /// # Panics
+        ///
+        /// If `objective` is zero.
+        ttft_objective(objective);
     }
 
-    /// Sets the request queue limit per rank. `0` disables queueing: a request
-    /// that cannot enter the engine at once is rejected.
-    pub fn request_queue_limit(mut self, n: usize) -> Self {
-        self.request_queue_limit = Some(n);
-        self.sources.request_queue_limit = LimitSource::Code;
-        self
-    }
+    setters! {
+        /// Honours the clients' own deadlines ([`Descriptor::deadline`](crate::Descriptor::deadline),
+        /// from a gRPC `grpc-timeout` or a header the layer reads): a request
+        /// waits in the queue no longer than its deadline. Off unless set, or
+        /// unless a queue wait limit or objective is set.
+        fn request_deadlines(honour: bool) => request_deadlines = honour;
 
-    /// Sets the engine waiting token limit per rank: prompt tokens of
-    /// admitted requests that have produced neither a first token nor a
-    /// completion. Off unless set. Size it as time-to-first-token objective
-    /// × prefill tokens per second ([`sizing::token_budget`](crate::sizing::token_budget)).
-    ///
-    /// A request whose prompt alone exceeds the limit is admitted when no
-    /// other waiting request holds prompt tokens: it runs alone rather than
-    /// being refused for its size.
-    ///
-    /// # Panics
-    ///
-    /// If `n` is 0.
-    #[track_caller]
-    pub fn engine_waiting_token_limit(mut self, n: usize) -> Self {
-        self.engine_waiting_token_limit = Some(positive("engine_waiting_token_limit", n));
-        self.sources.engine_waiting_token_limit = LimitSource::Code;
-        self
-    }
-
-    /// Sets the engine token limit per rank: prompt plus maximum output
-    /// tokens of admitted requests whose response has not ended (a stand-in
-    /// for the KV cache they may occupy). Off unless set.
-    ///
-    /// # Panics
-    ///
-    /// If `n` is 0.
-    #[track_caller]
-    pub fn engine_token_limit(mut self, n: usize) -> Self {
-        self.engine_token_limit = Some(positive("engine_token_limit", n));
-        self.sources.engine_token_limit = LimitSource::Code;
-        self
-    }
-
-    /// Sets the request queue token limit per rank: prompt tokens of
-    /// requests waiting in the gate's queue. Off unless set.
-    ///
-    /// # Panics
-    ///
-    /// If `n` is 0.
-    #[track_caller]
-    pub fn request_queue_token_limit(mut self, n: usize) -> Self {
-        self.request_queue_token_limit = Some(positive("request_queue_token_limit", n));
-        self.sources.request_queue_token_limit = LimitSource::Code;
-        self
-    }
-
-    /// Sets the request queue wait limit: no request waits in the queue
-    /// longer; one whose wait would end later leaves the queue when it does
-    /// and is rejected with [`RejectionReason::Deadline`](crate::RejectionReason::Deadline),
-    /// and one that is predicted not to be admitted in time (from the rate
-    /// its queue drains at) is rejected on arrival. Off unless set: by
-    /// default a queued request waits as long as the queue takes.
-    ///
-    /// # Panics
-    ///
-    /// If `limit` is zero (use a queue limit of 0 to have no queue).
-    #[track_caller]
-    pub fn request_queue_wait_limit(mut self, limit: Duration) -> Self {
-        assert!(
-            !limit.is_zero(),
-            "invalid request_queue_wait_limit: 0 (the limit must be positive)"
-        );
-        self.request_queue_wait_limit = Some(limit);
-        self
-    }
-
-    /// Sets the time-to-first-token objective: each request's queue wait
-    /// budget becomes the objective minus the measured mean engine waiting
-    /// time (admission to first token), never below zero, so that admitted
-    /// requests can still meet it. The one number to tune instead of a
-    /// queue length. Off unless set.
-    ///
-    /// # Panics
-    ///
-    /// If `objective` is zero.
-    #[track_caller]
-    pub fn ttft_objective(mut self, objective: Duration) -> Self {
-        assert!(
-            !objective.is_zero(),
-            "invalid ttft_objective: 0 (the objective must be positive)"
-        );
-        self.ttft_objective = Some(objective);
-        self
-    }
-
-    /// Honours the clients' own deadlines ([`Descriptor::deadline`](crate::Descriptor::deadline),
-    /// from a gRPC `grpc-timeout` or a header the layer reads): a request
-    /// waits in the queue no longer than its deadline. Off unless set, or
-    /// unless a queue wait limit or objective is set.
-    pub fn request_deadlines(mut self, honour: bool) -> Self {
-        self.request_deadlines = honour;
-        self
-    }
-
-    /// The clock the gate measures queue waits, drain rates and waiting
-    /// times with; `std::time::Instant::now` unless set. Only read when
-    /// deadlines are on. A test on tokio's paused time passes
-    /// `|| tokio::time::Instant::now().into_std()`.
-    pub fn clock(mut self, now: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
-        self.clock = Clock(Some(Arc::new(now)));
-        self
+        /// The clock the gate measures queue waits, drain rates and waiting
+        /// times with; `std::time::Instant::now` unless set. Only read when
+        /// deadlines are on. A test on tokio's paused time passes
+        /// `|| tokio::time::Instant::now().into_std()`.
+        fn clock(now: impl Fn() -> Instant + Send + Sync + 'static) =>
+            clock = Clock(Some(Arc::new(now)));
     }
 
     /// Whether the gate keeps time: a queue wait limit, a time-to-first-token
@@ -276,65 +197,51 @@ impl AdmissionConfig {
             || self.retry_after_from_drain_rate.is_some()
     }
 
-    /// Sets the queue delay target: controlled delay (CoDel) for the
-    /// request queue. A burst may queue, a standing queue may not: when the
-    /// wait of every request in a queue has stayed above `target` for a
-    /// whole [interval](Self::queue_delay_interval) (100 ms unless set),
-    /// the queue's requests older than `target` are answered as overload
-    /// (worker scope, reason
-    /// [`QueueDelay`](crate::RejectionReason::QueueDelay)), and so is
-    /// every request that waits longer than `target`, until the standing
-    /// queue has drained (stayed empty for an interval). A burst the queue absorbs within
-    /// `target + interval` is never shed. Off unless set.
-    ///
-    /// The rule is CoDel's, per queue (each rank's and the unranked one),
-    /// checked at each of the gate's events, on the gate's clock: the queue
-    /// is *above* from the moment its oldest request's wait passed
-    /// `target`, and stays above while its oldest request is older than
-    /// `target`; once it has been above for `interval` it *sheds* (every
-    /// request older than `target` is answered at once) until it has
-    /// stayed empty for `interval`.
-    /// Under a sustained overload the queue then holds about `target` of
-    /// work and no more; admitted requests have waited about `target` at
-    /// most.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_admission::AdmissionConfig;
-    ///
-    /// let config = AdmissionConfig::new().queue_delay_target(Duration::from_millis(50));
-    /// assert_eq!(config.explicit_queue_delay_target(), Some(Duration::from_millis(50)));
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// If `target` is zero (use a queue limit of 0 to have no queue).
-    #[track_caller]
-    pub fn queue_delay_target(mut self, target: Duration) -> Self {
-        assert!(
-            !target.is_zero(),
-            "invalid queue_delay_target: 0 (the target must be positive)"
-        );
-        self.queue_delay_target = Some(target);
-        self
-    }
+    duration_setters! {
+        /// Sets the queue delay target: controlled delay (CoDel) for the
+        /// request queue. A burst may queue, a standing queue may not: when the
+        /// wait of every request in a queue has stayed above `target` for a
+        /// whole [interval](Self::queue_delay_interval) (100 ms unless set),
+        /// the queue's requests older than `target` are answered as overload
+        /// (worker scope, reason
+        /// [`QueueDelay`](crate::RejectionReason::QueueDelay)), and so is
+        /// every request that waits longer than `target`, until the standing
+        /// queue has drained (stayed empty for an interval). A burst the queue absorbs within
+        /// `target + interval` is never shed. Off unless set.
+        ///
+        /// The rule is CoDel's, per queue (each rank's and the unranked one),
+        /// checked at each of the gate's events, on the gate's clock: the queue
+        /// is *above* from the moment its oldest request's wait passed
+        /// `target`, and stays above while its oldest request is older than
+        /// `target`; once it has been above for `interval` it *sheds* (every
+        /// request older than `target` is answered at once) until it has
+        /// stayed empty for `interval`.
+        /// Under a sustained overload the queue then holds about `target` of
+        /// work and no more; admitted requests have waited about `target` at
+        /// most.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use tower_admission::AdmissionConfig;
+        ///
+        /// let config = AdmissionConfig::new().queue_delay_target(Duration::from_millis(50));
+        /// assert_eq!(config.explicit_queue_delay_target(), Some(Duration::from_millis(50)));
+        /// ```
+        ///
+        /// # Panics
+        ///
+        /// If `target` is zero (use a queue limit of 0 to have no queue).
+        queue_delay_target(target);
 
-    /// Sets how long a queue's wait must stay above the
-    /// [queue delay target](Self::queue_delay_target) before its old
-    /// requests are shed; 100 ms unless set. Without a target it does
-    /// nothing.
-    ///
-    /// # Panics
-    ///
-    /// If `interval` is zero.
-    #[track_caller]
-    pub fn queue_delay_interval(mut self, interval: Duration) -> Self {
-        assert!(
-            !interval.is_zero(),
-            "invalid queue_delay_interval: 0 (the interval must be positive)"
-        );
-        self.queue_delay_interval = Some(interval);
-        self
+        /// Sets how long a queue's wait must stay above the
+        /// [queue delay target](Self::queue_delay_target) before its old
+        /// requests are shed; 100 ms unless set. Without a target it does
+        /// nothing.
+        ///
+        /// # Panics
+        ///
+        /// If `interval` is zero.
+        queue_delay_interval(interval);
     }
 
     /// The queue delay target, if one was set.
@@ -381,16 +288,15 @@ impl AdmissionConfig {
         self
     }
 
-    /// Records the gauge `<prefix>_saturation{dp_rank}` (feature
-    /// `metrics`): how saturated each rank is, and under
-    /// `dp_rank="unspecified"` the whole worker, from 0 (idle) to 1 (the
-    /// next request would be rejected); see [`Gate::saturation`](crate::Gate::saturation)
-    /// for the formula. The one series a router or an autoscaler needs.
-    /// Off unless set, so that the default series stay those of SPEC §6;
-    /// [`Gate::saturation`](crate::Gate::saturation) is always there.
-    pub fn saturation_metric(mut self, record: bool) -> Self {
-        self.saturation_metric = record;
-        self
+    setters! {
+        /// Records the gauge `<prefix>_saturation{dp_rank}` (feature
+        /// `metrics`): how saturated each rank is, and under
+        /// `dp_rank="unspecified"` the whole worker, from 0 (idle) to 1 (the
+        /// next request would be rejected); see [`Gate::saturation`](crate::Gate::saturation)
+        /// for the formula. The one series a router or an autoscaler needs.
+        /// Off unless set, so that the default series stay those of SPEC §6;
+        /// [`Gate::saturation`](crate::Gate::saturation) is always there.
+        fn saturation_metric(record: bool) => saturation_metric = record;
     }
 
     /// Whether the saturation gauge is recorded.
@@ -409,34 +315,32 @@ impl AdmissionConfig {
         self.deadlines_enabled() || self.adaptive_waiting_limit.is_some()
     }
 
-    /// Turns the adaptive engine request waiting limit on (with the
-    /// defaults of [`AdaptiveWaitingLimit`]) or off: the gate then moves
-    /// the per-rank waiting limit between 1 and the configured or reported
-    /// waiting limit by the engine waiting times it measures, instead of
-    /// keeping it fixed. Off unless set (`--adaptive-waiting-limit`,
-    /// `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT`). The gate keeps time
-    /// while it is on, on its [`clock`](Self::clock).
-    ///
-    /// ```
-    /// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
-    ///
-    /// let gate = Gate::new(
-    ///     AdmissionConfig::new()
-    ///         .adaptive_waiting_limit(true)
-    ///         .capacity(EngineCapacity::new(256, 1)),
-    /// );
-    /// // It starts at its floor and grows as the engine shows it can take more.
-    /// assert_eq!(gate.limits().engine_request_waiting_limit, 1);
-    /// ```
-    pub fn adaptive_waiting_limit(mut self, on: bool) -> Self {
-        self.adaptive_waiting_limit = on.then(AdaptiveWaitingLimit::default);
-        self
-    }
+    setters! {
+        /// Turns the adaptive engine request waiting limit on (with the
+        /// defaults of [`AdaptiveWaitingLimit`]) or off: the gate then moves
+        /// the per-rank waiting limit between 1 and the configured or reported
+        /// waiting limit by the engine waiting times it measures, instead of
+        /// keeping it fixed. Off unless set (`--adaptive-waiting-limit`,
+        /// `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT`). The gate keeps time
+        /// while it is on, on its [`clock`](Self::clock).
+        ///
+        /// ```
+        /// use tower_admission::{AdmissionConfig, EngineCapacity, Gate};
+        ///
+        /// let gate = Gate::new(
+        ///     AdmissionConfig::new()
+        ///         .adaptive_waiting_limit(true)
+        ///         .capacity(EngineCapacity::new(256, 1)),
+        /// );
+        /// // It starts at its floor and grows as the engine shows it can take more.
+        /// assert_eq!(gate.limits().engine_request_waiting_limit, 1);
+        /// ```
+        fn adaptive_waiting_limit(on: bool) =>
+            adaptive_waiting_limit = on.then(AdaptiveWaitingLimit::default);
 
-    /// Turns the adaptive engine request waiting limit on with `params`.
-    pub fn adaptive_waiting_limit_with(mut self, params: AdaptiveWaitingLimit) -> Self {
-        self.adaptive_waiting_limit = Some(params);
-        self
+        /// Turns the adaptive engine request waiting limit on with `params`.
+        fn adaptive_waiting_limit_with(params: AdaptiveWaitingLimit) =>
+            adaptive_waiting_limit = Some(params);
     }
 
     /// The adaptive waiting limit's parameters, if it is on.
@@ -468,13 +372,12 @@ impl AdmissionConfig {
         self
     }
 
-    /// The prefix of every metric name (`<prefix>_<suffix>`); default
-    /// `admission`. `dynamo_backend_admission` gives the names of the source
-    /// system.
-    #[cfg(feature = "metrics")]
-    pub fn metrics_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.metrics_prefix = Some(prefix.into());
-        self
+    setters! {
+        /// The prefix of every metric name (`<prefix>_<suffix>`); default
+        /// `admission`. `dynamo_backend_admission` gives the names of the source
+        /// system.
+        #[cfg(feature = "metrics")]
+        fn metrics_prefix(prefix: impl Into<String>) => metrics_prefix = Some(prefix.into());
     }
 
     /// A configuration from the process environment (SPEC §5); see
@@ -580,14 +483,6 @@ impl AdmissionConfig {
             engine_token_limit: self.explicit_engine_token_limit(),
             request_queue_token_limit: self.explicit_request_queue_token_limit(),
         }
-    }
-}
-
-#[track_caller]
-fn positive(setting: &str, n: usize) -> NonZeroUsize {
-    match NonZeroUsize::new(n) {
-        Some(n) => n,
-        None => panic!("invalid {setting}: 0 (the limit must be a positive integer)"),
     }
 }
 

@@ -4,31 +4,26 @@
 use std::time::Duration;
 
 use super::AdmissionConfig;
+use super::setters::duration_setters;
 
 impl AdmissionConfig {
-    /// Sets the aging interval (SPEC §8): a queued request rises one
-    /// priority band for each interval it has waited, so a steady stream of
-    /// higher-priority work never starves it. Aging lifts a band as a whole,
-    /// by the wait of its oldest request; within a band, tenants keep their
-    /// fair shares. Off unless set.
-    ///
-    /// Aging bounds a wait; it does not share capacity. Once a lower band's
-    /// requests wait longer than the interval, that band rises level with
-    /// the ones above and, being older, goes first. Choose an interval
-    /// longer than the lower bands' usual queue wait, or bound that wait
-    /// with a [queue wait limit](Self::request_queue_wait_limit).
-    ///
-    /// # Panics
-    ///
-    /// If `interval` is zero.
-    #[track_caller]
-    pub fn aging_interval(mut self, interval: Duration) -> Self {
-        assert!(
-            !interval.is_zero(),
-            "invalid aging_interval: 0 (the interval must be positive)"
-        );
-        self.aging_interval = Some(interval);
-        self
+    duration_setters! {
+        /// Sets the aging interval (SPEC §8): a queued request rises one
+        /// priority band for each interval it has waited, so a steady stream of
+        /// higher-priority work never starves it. Aging lifts a band as a whole,
+        /// by the wait of its oldest request; within a band, tenants keep their
+        /// fair shares. Off unless set.
+        ///
+        /// Aging bounds a wait; it does not share capacity. Once a lower band's
+        /// requests wait longer than the interval, that band rises level with
+        /// the ones above and, being older, goes first. Choose an interval
+        /// longer than the lower bands' usual queue wait, or bound that wait
+        /// with a [queue wait limit](Self::request_queue_wait_limit).
+        ///
+        /// # Panics
+        ///
+        /// If `interval` is zero.
+        aging_interval(interval);
     }
 
     /// Sets which priorities are bands (SPEC §8). A request belongs to the

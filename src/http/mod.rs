@@ -319,6 +319,7 @@ mod estimate;
 mod extension;
 mod qos;
 mod rank;
+mod reader;
 mod reject;
 
 pub use self::admission::{

@@ -11,38 +11,32 @@ use std::fmt;
 
 use http::{HeaderName, Request};
 
-use crate::headers::single_value;
+use super::reader::request_reader;
+use crate::headers::{header_name, single_value};
 
-/// Reads the data-parallel rank a request asks for.
-///
-/// `None` means *unranked*: the request draws on the combined capacity of
-/// all ranks. A rank the engine has not reported is treated the same way by
-/// the [`Gate`](crate::Gate), so an extractor need not know how many ranks
-/// exist.
-///
-/// Closures `Fn(&Request<B>) -> Option<u32>` are extractors too:
-///
-/// ```
-/// use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
-///
-/// let layer = AdmissionLayer::new(Gate::new(AdmissionConfig::new()))
-///     .rank(|req: &http::Request<axum::body::Body>| {
-///         req.uri().path().strip_prefix("/rank/")?.parse::<u32>().ok()
-///     });
-/// # let _ = layer;
-/// ```
-pub trait RankExtractor<B> {
-    /// The rank `req` asks for, or `None` for an unranked request. Must not
-    /// panic, whatever the request carries.
-    fn rank(&self, req: &Request<B>) -> Option<u32>;
-}
-
-impl<B, F> RankExtractor<B> for F
-where
-    F: Fn(&Request<B>) -> Option<u32>,
-{
-    fn rank(&self, req: &Request<B>) -> Option<u32> {
-        self(req)
+request_reader! {
+    /// Reads the data-parallel rank a request asks for.
+    ///
+    /// `None` means *unranked*: the request draws on the combined capacity of
+    /// all ranks. A rank the engine has not reported is treated the same way by
+    /// the [`Gate`](crate::Gate), so an extractor need not know how many ranks
+    /// exist.
+    ///
+    /// Closures `Fn(&Request<B>) -> Option<u32>` are extractors too:
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
+    ///
+    /// let layer = AdmissionLayer::new(Gate::new(AdmissionConfig::new()))
+    ///     .rank(|req: &http::Request<axum::body::Body>| {
+    ///         req.uri().path().strip_prefix("/rank/")?.parse::<u32>().ok()
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    pub trait RankExtractor<B> {
+        /// The rank `req` asks for, or `None` for an unranked request. Must not
+        /// panic, whatever the request carries.
+        fn rank(&self, req: &Request<B>) -> Option<u32>;
     }
 }
 
@@ -98,10 +92,9 @@ impl RankHeader {
         N: TryInto<HeaderName>,
         N::Error: fmt::Debug,
     {
-        let name = name
-            .try_into()
-            .expect("RankHeader::new: not a valid header name");
-        RankHeader { name }
+        RankHeader {
+            name: header_name(name, "RankHeader::new"),
+        }
     }
 
     /// The header read.

@@ -4,15 +4,42 @@
 
 use super::*;
 
+/// One gauge per stage of a request: in the engine, waiting in the engine
+/// (no first token yet), in the gate's queue. A bucket has one set for its
+/// request counts, one for its request limits, and the same for tokens.
+pub(super) struct Stages {
+    pub(super) engine: Gauge,
+    pub(super) engine_waiting: Gauge,
+    pub(super) queue: Gauge,
+}
+
+impl Stages {
+    /// The three gauges, in the order of the fields.
+    fn of([engine, engine_waiting, queue]: [Gauge; 3]) -> Self {
+        Stages {
+            engine,
+            engine_waiting,
+            queue,
+        }
+    }
+
+    fn noop() -> Self {
+        Stages::of(std::array::from_fn(|_| Gauge::noop()))
+    }
+
+    /// Sets the three gauges, in the order of the fields.
+    fn set(&self, [engine, engine_waiting, queue]: [f64; 3]) {
+        self.engine.set(engine);
+        self.engine_waiting.set(engine_waiting);
+        self.queue.set(queue);
+    }
+}
+
 /// The token series of one bucket, registered only when a token limit is
 /// set (without one, requests are counted, not weighed).
 pub(super) struct TokenMetrics {
-    pub(super) engine_tokens: Gauge,
-    pub(super) engine_waiting_tokens: Gauge,
-    pub(super) queued_tokens: Gauge,
-    pub(super) engine_token_limit: Gauge,
-    pub(super) engine_waiting_token_limit: Gauge,
-    pub(super) request_queue_token_limit: Gauge,
+    pub(super) counts: Stages,
+    pub(super) limits: Stages,
 }
 
 impl TokenMetrics {
@@ -24,37 +51,45 @@ impl TokenMetrics {
             Some(_) => gauge(name),
             None => Gauge::noop(),
         };
-        TokenMetrics {
-            engine_tokens: gauge(&names.engine_token_count),
-            engine_waiting_tokens: gauge(&names.engine_waiting_token_count),
-            queued_tokens: gauge(&names.request_queue_token_count),
-            engine_token_limit: limit(limits.engine_token_limit, &names.engine_token_limit),
-            engine_waiting_token_limit: limit(
+        let counts = [
+            &names.engine_token_count,
+            &names.engine_waiting_token_count,
+            &names.request_queue_token_count,
+        ];
+        let limits = [
+            (limits.engine_token_limit, &names.engine_token_limit),
+            (
                 limits.engine_waiting_token_limit,
                 &names.engine_waiting_token_limit,
             ),
-            request_queue_token_limit: limit(
+            (
                 limits.request_queue_token_limit,
                 &names.request_queue_token_limit,
             ),
+        ];
+        TokenMetrics {
+            counts: Stages::of(counts.map(gauge)),
+            limits: Stages::of(limits.map(|(set, name)| limit(set, name))),
         }
     }
 
     pub(super) fn set_counts(&self, counts: &crate::gate::Counts) {
-        self.engine_tokens.set(counts.engine_tokens as f64);
-        self.engine_waiting_tokens
-            .set(counts.engine_waiting_tokens as f64);
-        self.queued_tokens.set(counts.queued_tokens as f64);
+        let tokens = [
+            counts.engine_tokens,
+            counts.engine_waiting_tokens,
+            counts.queued_tokens,
+        ];
+        self.counts.set(tokens.map(|n| n as f64));
     }
 
     pub(super) fn set_limits(&self, limits: &Limits, ranks: usize) {
         let combined = |per_rank: Option<usize>| per_rank.unwrap_or(0).saturating_mul(ranks) as f64;
-        self.engine_token_limit
-            .set(combined(limits.engine_token_limit));
-        self.engine_waiting_token_limit
-            .set(combined(limits.engine_waiting_token_limit));
-        self.request_queue_token_limit
-            .set(combined(limits.request_queue_token_limit));
+        let per_rank = [
+            limits.engine_token_limit,
+            limits.engine_waiting_token_limit,
+            limits.request_queue_token_limit,
+        ];
+        self.limits.set(per_rank.map(combined));
     }
 }
 
@@ -140,12 +175,10 @@ impl Shape {
 
 /// The handles of one bucket: a rank, or the unranked requests.
 pub(super) struct BucketMetrics {
-    pub(super) engine_requests: Gauge,
-    pub(super) engine_waiting: Gauge,
-    pub(super) queued: Gauge,
-    pub(super) engine_request_limit: Gauge,
-    pub(super) engine_request_waiting_limit: Gauge,
-    pub(super) request_queue_limit: Gauge,
+    /// Requests at each stage.
+    pub(super) counts: Stages,
+    /// The request limit of each stage.
+    pub(super) limits: Stages,
     pub(super) received: Counter,
     pub(super) admitted_direct: Counter,
     pub(super) admitted_queue: Counter,
@@ -222,12 +255,8 @@ impl BucketMetrics {
 
     pub(super) fn noop() -> Self {
         BucketMetrics {
-            engine_requests: Gauge::noop(),
-            engine_waiting: Gauge::noop(),
-            queued: Gauge::noop(),
-            engine_request_limit: Gauge::noop(),
-            engine_request_waiting_limit: Gauge::noop(),
-            request_queue_limit: Gauge::noop(),
+            counts: Stages::noop(),
+            limits: Stages::noop(),
             received: Counter::noop(),
             admitted_direct: Counter::noop(),
             admitted_queue: Counter::noop(),
@@ -273,12 +302,22 @@ impl BucketMetrics {
             false => Counter::noop(),
         };
         BucketMetrics {
-            engine_requests: gauge(&names.engine_request_count),
-            engine_waiting: gauge(&names.engine_request_waiting_count),
-            queued: gauge(&names.request_queue_count),
-            engine_request_limit: gauge(&names.engine_request_limit),
-            engine_request_waiting_limit: gauge(&names.engine_request_waiting_limit),
-            request_queue_limit: gauge(&names.request_queue_limit),
+            counts: Stages::of(
+                [
+                    &names.engine_request_count,
+                    &names.engine_request_waiting_count,
+                    &names.request_queue_count,
+                ]
+                .map(gauge),
+            ),
+            limits: Stages::of(
+                [
+                    &names.engine_request_limit,
+                    &names.engine_request_waiting_limit,
+                    &names.request_queue_limit,
+                ]
+                .map(gauge),
+            ),
             received: counter(&names.request_receive_total),
             admitted_direct: admitted("direct"),
             admitted_queue: admitted("queue"),
@@ -383,13 +422,13 @@ impl BucketMetrics {
             let last = written.counts.filter(|_| !every);
             let changed = |old: fn(&Counts) -> usize| last.as_ref().map(old) != Some(old(&counts));
             if changed(|counts| counts.engine_requests) {
-                self.engine_requests.set(counts.engine_requests as f64);
+                self.counts.engine.set(counts.engine_requests as f64);
             }
             if changed(|counts| counts.engine_waiting) {
-                self.engine_waiting.set(counts.engine_waiting as f64);
+                self.counts.engine_waiting.set(counts.engine_waiting as f64);
             }
             if changed(|counts| counts.queued) {
-                self.queued.set(counts.queued as f64);
+                self.counts.queue.set(counts.queued as f64);
             }
             if let Some(tokens) = &self.tokens {
                 if last != Some(counts) {
@@ -471,12 +510,12 @@ impl BucketMetrics {
 
     pub(super) fn set_limits(&self, limits: Limits, ranks: usize) {
         let combined = |per_rank: usize| per_rank.saturating_mul(ranks) as f64;
-        self.engine_request_limit
-            .set(combined(limits.engine_request_limit));
-        self.engine_request_waiting_limit
-            .set(combined(limits.engine_request_waiting_limit));
-        self.request_queue_limit
-            .set(combined(limits.request_queue_limit));
+        let per_rank = [
+            limits.engine_request_limit,
+            limits.engine_request_waiting_limit,
+            limits.request_queue_limit,
+        ];
+        self.limits.set(per_rank.map(combined));
         if let Some(tokens) = &self.tokens {
             tokens.set_limits(&limits, ranks);
         }

@@ -20,6 +20,7 @@ use tower_service::Service;
 use super::answer::shutting_down;
 use super::upstream::Forwarded;
 use super::{Body, BoxError, Upstream};
+use crate::builder::setters;
 use crate::http::{OpenAiCostLayer, QosHeaders, RankHeader};
 use crate::{AdmissionLayer, Gate};
 
@@ -82,12 +83,30 @@ pub struct Sidecar {
 
 impl std::fmt::Debug for Sidecar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sidecar")
-            .field("upstream", &self.upstream)
-            .field("paths", &self.paths)
-            .field("trust_router_headers", &self.trust_router_headers)
-            .finish_non_exhaustive()
+        debug_settings(
+            f,
+            "Sidecar",
+            &self.upstream,
+            &self.paths,
+            self.trust_router_headers,
+        )
     }
+}
+
+/// How a sidecar and its builder show themselves: by the settings they
+/// share (the gate shows its own state, the closures nothing).
+fn debug_settings(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    upstream: &Upstream,
+    paths: &[String],
+    trust_router_headers: bool,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field("upstream", upstream)
+        .field("paths", &paths)
+        .field("trust_router_headers", &trust_router_headers)
+        .finish_non_exhaustive()
 }
 
 /// Builds a [`Sidecar`].
@@ -104,10 +123,13 @@ pub struct SidecarBuilder {
 
 impl std::fmt::Debug for SidecarBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SidecarBuilder")
-            .field("upstream", &self.upstream)
-            .field("paths", &self.paths)
-            .finish_non_exhaustive()
+        debug_settings(
+            f,
+            "SidecarBuilder",
+            &self.upstream,
+            &self.paths,
+            self.trust_router_headers,
+        )
     }
 }
 
@@ -164,54 +186,38 @@ impl SidecarBuilder {
         self
     }
 
-    /// Whether a router in front sets the headers that steer the gate:
-    /// `x-data-parallel-rank`, `x-admission-priority`, `x-admission-tenant`
-    /// and `x-admission-deadline-ms`. Off by default: they are removed
-    /// from client requests, so no client picks its own rank or priority.
-    pub fn trust_router_headers(mut self, trust: bool) -> Self {
-        self.trust_router_headers = trust;
-        self
-    }
+    setters! {
+        /// Whether a router in front sets the headers that steer the gate:
+        /// `x-data-parallel-rank`, `x-admission-priority`, `x-admission-tenant`
+        /// and `x-admission-deadline-ms`. Off by default: they are removed
+        /// from client requests, so no client picks its own rank or priority.
+        fn trust_router_headers(trust: bool) => trust_router_headers = trust;
 
-    /// Estimates each admitted request's token cost from its OpenAI body
-    /// ([`OpenAiCostLayer`]: the body is read, up to its bound, before the
-    /// gate decides), for the token limits. Off by default: bodies stream.
-    pub fn estimate_cost(mut self, estimate: bool) -> Self {
-        self.cost = estimate.then(OpenAiCostLayer::new);
-        self
-    }
+        /// Estimates each admitted request's token cost from its OpenAI body
+        /// ([`OpenAiCostLayer`]: the body is read, up to its bound, before the
+        /// gate decides), for the token limits. Off by default: bodies stream.
+        fn estimate_cost(estimate: bool) => cost = estimate.then(OpenAiCostLayer::new);
 
-    /// Estimates each admitted request's token cost with `layer`, an
-    /// [`OpenAiCostLayer`] configured as you need (its `max_model_len`,
-    /// body bound, concurrent reads, read timeout, tokenizer).
-    pub fn cost_layer(mut self, layer: OpenAiCostLayer) -> Self {
-        self.cost = Some(layer);
-        self
-    }
+        /// Estimates each admitted request's token cost with `layer`, an
+        /// [`OpenAiCostLayer`] configured as you need (its `max_model_len`,
+        /// body bound, concurrent reads, read timeout, tokenizer).
+        fn cost_layer(layer: OpenAiCostLayer) => cost = Some(layer);
 
-    /// The status of the gate's overload answers; 529 by default.
-    ///
-    /// # Panics
-    ///
-    /// As [`AdmissionLayer::overload_status`].
-    pub fn overload_status(mut self, status: StatusCode) -> Self {
-        self.overload_status = status;
-        self
-    }
+        /// The status of the gate's overload answers; 529 by default.
+        ///
+        /// # Panics
+        ///
+        /// As [`AdmissionLayer::overload_status`].
+        fn overload_status(status: StatusCode) => overload_status = status;
 
-    /// Serves `GET /metrics` with `render` (the gate's series, say a
-    /// Prometheus recorder's handle). Without it `/metrics` is forwarded
-    /// to the engine like any other route.
-    pub fn metrics(mut self, render: RenderMetrics) -> Self {
-        self.metrics = Some(render);
-        self
-    }
+        /// Serves `GET /metrics` with `render` (the gate's series, say a
+        /// Prometheus recorder's handle). Without it `/metrics` is forwarded
+        /// to the engine like any other route.
+        fn metrics(render: RenderMetrics) => metrics = Some(render);
 
-    /// Appends the engine's own `GET /metrics` to the sidecar's, so one
-    /// scrape target shows both.
-    pub fn merge_engine_metrics(mut self, merge: bool) -> Self {
-        self.merge_engine_metrics = merge;
-        self
+        /// Appends the engine's own `GET /metrics` to the sidecar's, so one
+        /// scrape target shows both.
+        fn merge_engine_metrics(merge: bool) => merge_engine_metrics = merge;
     }
 
     /// The sidecar, and the [`Drain`] that starts its shutdown.

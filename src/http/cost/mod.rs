@@ -44,21 +44,15 @@ use tower_service::Service;
 
 use super::estimate::{CountTokens, estimate};
 use super::extension::{SetExtension, SetExtensionLayer, SetsCost};
+use super::reader::request_reader;
 use crate::gate::Cost;
 use crate::headers::single_value;
 
-/// Reads the cost of a request, if it can tell.
-pub trait CostExtractor<B> {
-    /// The request's cost; `None` leaves it unknown (0 tokens).
-    fn cost(&self, req: &Request<B>) -> Option<Cost>;
-}
-
-impl<B, F> CostExtractor<B> for F
-where
-    F: Fn(&Request<B>) -> Option<Cost>,
-{
-    fn cost(&self, req: &Request<B>) -> Option<Cost> {
-        self(req)
+request_reader! {
+    /// Reads the cost of a request, if it can tell.
+    pub trait CostExtractor<B> {
+        /// The request's cost; `None` leaves it unknown (0 tokens).
+        fn cost(&self, req: &Request<B>) -> Option<Cost>;
     }
 }
 
@@ -130,7 +124,15 @@ pub type CostLayer<E> = SetExtensionLayer<E, SetsCost>;
 pub type SetCost<S, E> = SetExtension<S, E, SetsCost>;
 
 /// Counts the tokens of a prompt text.
-type Tokenizer = Arc<CountTokens>;
+#[derive(Clone)]
+struct Tokenizer(Arc<CountTokens>);
+
+/// `"custom"`: a closure has nothing else to show.
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt("custom", f)
+    }
+}
 
 /// The default body bound of [`OpenAiCostLayer`]: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -192,7 +194,7 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// * With a [`max_model_len`](Self::max_model_len), a prompt whose estimate
 ///   alone exceeds it is answered `400` (`invalid_request_error`, code
 ///   400, naming the estimate and the limit), as engines answer it.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct OpenAiCostLayer {
     max_body_bytes: usize,
     tokenizer: Option<Tokenizer>,
@@ -202,19 +204,6 @@ pub struct OpenAiCostLayer {
     overload_status: StatusCode,
     /// Bodies being read now, by this layer and all its clones.
     reading: Arc<AtomicUsize>,
-}
-
-impl std::fmt::Debug for OpenAiCostLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiCostLayer")
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("tokenizer", &self.tokenizer.as_ref().map(|_| "custom"))
-            .field("max_model_len", &self.max_model_len)
-            .field("max_concurrent_reads", &self.max_concurrent_reads)
-            .field("read_timeout", &self.read_timeout)
-            .field("overload_status", &self.overload_status)
-            .finish()
-    }
 }
 
 impl Default for OpenAiCostLayer {
@@ -248,7 +237,7 @@ impl OpenAiCostLayer {
     /// Counts prompt tokens with `tokenizer` (called once per request, on
     /// the prompt texts joined by newlines) instead of bytes / 4.
     pub fn tokenizer(mut self, tokenizer: impl Fn(&str) -> usize + Send + Sync + 'static) -> Self {
-        self.tokenizer = Some(Arc::new(tokenizer));
+        self.tokenizer = Some(Tokenizer(Arc::new(tokenizer)));
         self
     }
 
@@ -410,7 +399,10 @@ where
                     ));
                 }
             };
-            if let Some(mut cost) = estimate(&bytes, layer.tokenizer.as_deref()) {
+            if let Some(mut cost) = estimate(
+                &bytes,
+                layer.tokenizer.as_ref().map(|tokenizer| &*tokenizer.0),
+            ) {
                 if let Some(limit) = layer.max_model_len {
                     if cost.prompt_tokens > limit {
                         let message = format!(

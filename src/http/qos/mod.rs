@@ -48,8 +48,9 @@ use std::fmt;
 
 use http::{HeaderName, HeaderValue, Request};
 
+use super::reader::request_reader;
 use crate::gate::Tenant;
-use crate::headers::single_value;
+use crate::headers::{header_name, single_value};
 
 mod layer;
 
@@ -125,36 +126,29 @@ impl Qos {
     }
 }
 
-/// Reads a request's priority and tenant, for [`QosLayer`].
-///
-/// Closures `Fn(&Request<B>) -> Qos` are extractors too:
-///
-/// ```
-/// use tower_admission::Tenant;
-/// use tower_admission::http::{Qos, QosLayer};
-///
-/// // Batch traffic is sheddable, and one tenant.
-/// let layer = QosLayer::new(|req: &http::Request<axum::body::Body>| {
-///     if req.uri().path().starts_with("/batch/") {
-///         Qos::new().with_priority(-1).with_tenant(Tenant::new("batch"))
-///     } else {
-///         Qos::new()
-///     }
-/// });
-/// # let _ = layer;
-/// ```
-pub trait QosExtractor<B> {
-    /// What `req` says about its priority and tenant. Must not panic,
-    /// whatever the request carries.
-    fn qos(&self, req: &Request<B>) -> Qos;
-}
-
-impl<B, F> QosExtractor<B> for F
-where
-    F: Fn(&Request<B>) -> Qos,
-{
-    fn qos(&self, req: &Request<B>) -> Qos {
-        self(req)
+request_reader! {
+    /// Reads a request's priority and tenant, for [`QosLayer`].
+    ///
+    /// Closures `Fn(&Request<B>) -> Qos` are extractors too:
+    ///
+    /// ```
+    /// use tower_admission::Tenant;
+    /// use tower_admission::http::{Qos, QosLayer};
+    ///
+    /// // Batch traffic is sheddable, and one tenant.
+    /// let layer = QosLayer::new(|req: &http::Request<axum::body::Body>| {
+    ///     if req.uri().path().starts_with("/batch/") {
+    ///         Qos::new().with_priority(-1).with_tenant(Tenant::new("batch"))
+    ///     } else {
+    ///         Qos::new()
+    ///     }
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub trait QosExtractor<B> {
+        /// What `req` says about its priority and tenant. Must not panic,
+        /// whatever the request carries.
+        fn qos(&self, req: &Request<B>) -> Qos;
     }
 }
 
@@ -208,15 +202,15 @@ impl QosHeaders {
     ///
     /// If `name` is not a valid header name: header names are
     /// configuration, so this is a programming error, found at startup.
-    pub fn priority_header<N>(mut self, name: N) -> Self
+    pub fn priority_header<N>(self, name: N) -> Self
     where
         N: TryInto<HeaderName>,
         N::Error: fmt::Debug,
     {
-        self.priority = name
-            .try_into()
-            .expect("QosHeaders::priority_header: not a valid header name");
-        self
+        Self {
+            priority: header_name(name, "QosHeaders::priority_header"),
+            ..self
+        }
     }
 
     /// Reads the tenant from header `name` instead.
@@ -224,15 +218,15 @@ impl QosHeaders {
     /// # Panics
     ///
     /// If `name` is not a valid header name.
-    pub fn tenant_header<N>(mut self, name: N) -> Self
+    pub fn tenant_header<N>(self, name: N) -> Self
     where
         N: TryInto<HeaderName>,
         N::Error: fmt::Debug,
     {
-        self.tenant = name
-            .try_into()
-            .expect("QosHeaders::tenant_header: not a valid header name");
-        self
+        Self {
+            tenant: header_name(name, "QosHeaders::tenant_header"),
+            ..self
+        }
     }
 
     /// The header read for the priority.
@@ -328,6 +322,16 @@ mod tests {
             .tenant
     }
 
+    /// `read` finds nothing in any of `values` (each the header's values,
+    /// in order), nor where no header is read from at all: none, an empty
+    /// one, one that is not UTF-8.
+    fn assert_unread<T: fmt::Debug>(read: fn(&[&[u8]]) -> Option<T>, values: &[&[&[u8]]]) {
+        let unreadable: &[&[&[u8]]] = &[&[], &[b""], &[b"\xff\xfe"]];
+        for values in unreadable.iter().chain(values) {
+            assert!(read(values).is_none(), "{values:?}");
+        }
+    }
+
     #[test]
     fn a_single_decimal_integer_is_the_priority() {
         assert_eq!(priority_of(&[b"0"]), Some(0));
@@ -341,27 +345,25 @@ mod tests {
 
     #[test]
     fn anything_but_one_plain_integer_leaves_the_priority_unknown() {
-        for values in [
-            &[][..],
-            &[b"".as_slice()][..],
-            &[b"-"],
-            &[b"+1"],
-            &[b"--1"],
-            &[b"1 2"],
-            &[b" 1"],
-            &[b"1.0"],
-            &[b"0x1"],
-            &[b"high"],
-            &[b"2147483648"],
-            &[b"-2147483649"],
-            &[b"99999999999999999999999999"],
-            &[b"\xff\xfe"],
-            &[b"1\x80"],
-            &[b"1", b"1"],
-            &[b"1", b"2"],
-        ] {
-            assert_eq!(priority_of(values), None, "{values:?}");
-        }
+        assert_unread(
+            priority_of,
+            &[
+                &[b"-"],
+                &[b"+1"],
+                &[b"--1"],
+                &[b"1 2"],
+                &[b" 1"],
+                &[b"1.0"],
+                &[b"0x1"],
+                &[b"high"],
+                &[b"2147483648"],
+                &[b"-2147483649"],
+                &[b"99999999999999999999999999"],
+                &[b"1\x80"],
+                &[b"1", b"1"],
+                &[b"1", b"2"],
+            ],
+        );
     }
 
     #[test]
@@ -378,18 +380,16 @@ mod tests {
     #[test]
     fn anything_but_one_plain_name_leaves_no_tenant() {
         let overlong = vec![b'a'; QosHeaders::MAX_TENANT_BYTES + 1];
-        for values in [
-            &[][..],
-            &[b"".as_slice()][..],
-            &[b"\xff\xfe"],
-            &[b"acme\xc3"],
-            &[b"a\tb"],
-            &[&overlong],
-            &[b"acme", b"acme"],
-            &[b"acme", b"globex"],
-        ] {
-            assert_eq!(tenant_of(values), None, "{values:?}");
-        }
+        assert_unread(
+            tenant_of,
+            &[
+                &[b"acme\xc3"],
+                &[b"a\tb"],
+                &[&overlong],
+                &[b"acme", b"acme"],
+                &[b"acme", b"globex"],
+            ],
+        );
     }
 
     #[test]
