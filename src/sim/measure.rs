@@ -4,6 +4,7 @@
 //! simulator's clock.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -105,6 +106,38 @@ pub(crate) async fn acquire(
             acquire.await
         }
     }
+}
+
+/// `run` on every job, `threads` jobs at a time (at least one), each on a
+/// thread of its own taking the next job not yet taken; the results in the
+/// order of the jobs.
+pub(crate) fn in_parallel<J: Sync, R: Send>(
+    jobs: &[J],
+    threads: usize,
+    run: impl Fn(&J) -> R + Sync,
+) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new((0..jobs.len()).map(|_| None).collect::<Vec<Option<R>>>());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(index) else {
+                        break;
+                    };
+                    let result = run(job);
+                    lock(&results)[index] = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+        .into_iter()
+        .map(|result| result.expect("every job ran"))
+        .collect()
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

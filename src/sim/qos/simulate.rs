@@ -2,7 +2,7 @@
 //! then every policy run against it, clients and their ledger.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -20,28 +20,9 @@ use crate::{Descriptor, Gate, Permit, Tenant};
 /// `config.threads` at a time.
 pub fn run(config: &QosConfig) -> Evaluation {
     let capacities = capacities(config);
-    let next = AtomicUsize::new(0);
-    let results = Mutex::new(vec![None; config.policies.len()]);
-    std::thread::scope(|scope| {
-        for _ in 0..config.threads.clamp(1, config.policies.len().max(1)) {
-            scope.spawn(|| {
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&policy) = config.policies.get(index) else {
-                        break;
-                    };
-                    let run = VirtualRuntime::new().block_on(simulate(config, &capacities, policy));
-                    lock(&results)[index] = Some(run);
-                }
-            });
-        }
+    let runs = measure::in_parallel(&config.policies, config.threads, |&policy| {
+        VirtualRuntime::new().block_on(simulate(config, &capacities, policy))
     });
-    let runs = results
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner)
-        .into_iter()
-        .map(|run| run.expect("every policy ran"))
-        .collect();
     Evaluation {
         config: config.clone(),
         capacities,

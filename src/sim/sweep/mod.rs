@@ -50,8 +50,6 @@
 //! [`SweepConfig::gate`] (`--queue-limit` in the example).
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::config::EngineConfig;
@@ -64,7 +62,7 @@ use crate::{AdmissionConfig, Gate};
 pub use self::point::{Class, Point, Sweep};
 pub use self::simulate::measure_capacity;
 use self::simulate::simulate;
-use super::measure::lock;
+use super::measure::in_parallel;
 pub use super::measure::{Percentile, Slo};
 
 mod point;
@@ -590,29 +588,11 @@ pub fn run(
         .iter()
         .flat_map(|&system| config.loads.iter().map(move |&load| (system, load)))
         .collect();
-    let next = AtomicUsize::new(0);
-    let results = Mutex::new(vec![None; jobs.len()]);
-    std::thread::scope(|scope| {
-        for _ in 0..config.threads.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| {
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(system, load)) = jobs.get(index) else {
-                        break;
-                    };
-                    let point = run_point(config, calibration, system, load);
-                    on_point(&point);
-                    lock(&results)[index] = Some(point);
-                }
-            });
-        }
+    let points = in_parallel(&jobs, config.threads, |&(system, load)| {
+        let point = run_point(config, calibration, system, load);
+        on_point(&point);
+        point
     });
-    let points = results
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner)
-        .into_iter()
-        .map(|point| point.expect("every job ran"))
-        .collect();
     Sweep {
         calibration: *calibration,
         points,
