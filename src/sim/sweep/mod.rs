@@ -366,6 +366,14 @@ pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
             config,
         }
     };
+    // Prompts drawn from `lengths`, those of `long_prompt_tokens` or more
+    // counted as long.
+    let prompt_mix = |lengths: Lengths, long_prompt_tokens: usize| {
+        move |c: &mut SweepConfig| {
+            c.prompt_tokens = lengths;
+            c.long_prompt_tokens = long_prompt_tokens;
+        }
+    };
     vec![
         scenario(
             "base",
@@ -386,18 +394,12 @@ pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
         scenario(
             "long",
             "long-prompt mix: 1 in 5 prompts ~3000 tokens",
-            &|c| {
-                c.prompt_tokens = Lengths::long_prompt_mix();
-                c.long_prompt_tokens = 1024;
-            },
+            &prompt_mix(Lengths::long_prompt_mix(), 1024),
         ),
         scenario(
             "long-docs",
             "long-document mix: 1 in 10 prompts of 8k-20k tokens",
-            &|c| {
-                c.prompt_tokens = Lengths::long_document_mix();
-                c.long_prompt_tokens = 8192;
-            },
+            &prompt_mix(Lengths::long_document_mix(), 8192),
         ),
         scenario(
             "retry",
