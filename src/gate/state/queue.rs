@@ -128,6 +128,18 @@ struct Ends {
     tail: Option<Slot>,
 }
 
+impl Ends {
+    /// Links `slot` in after the tail; `link` is this list's link in a node.
+    fn push_back(&mut self, nodes: &mut impl Nodes, slot: Slot, link: fn(&mut Node) -> &mut Link) {
+        *link(nodes.node_mut(slot)) = Link::new(self.tail, None);
+        match self.tail {
+            Some(tail) => link(nodes.node_mut(tail)).set_next(Some(slot)),
+            None => self.head = Some(slot),
+        }
+        self.tail = Some(slot);
+    }
+}
+
 /// What the queue keeps of each queued request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Node {
@@ -447,13 +459,7 @@ impl Queue {
             ..
         } = *nodes.node(slot);
         let band = self.bands.entry(rung).or_default();
-        let tail = band.arrivals.tail;
-        nodes.node_mut(slot).band = Link::new(tail, None);
-        match tail {
-            Some(tail) => nodes.node_mut(tail).band.set_next(Some(slot)),
-            None => band.arrivals.head = Some(slot),
-        }
-        band.arrivals.tail = Some(slot);
+        band.arrivals.push_back(nodes, slot, |node| &mut node.band);
         band.len += 1;
 
         let (start, backlogged) = band.start_for(tenant);
@@ -462,13 +468,7 @@ impl Queue {
             head_start: start,
             weight,
         });
-        let tail = flow.fifo.tail;
-        nodes.node_mut(slot).flow = Link::new(tail, None);
-        match tail {
-            Some(tail) => nodes.node_mut(tail).flow.set_next(Some(slot)),
-            None => flow.fifo.head = Some(slot),
-        }
-        flow.fifo.tail = Some(slot);
+        flow.fifo.push_back(nodes, slot, |node| &mut node.flow);
         if !backlogged {
             band.backlogged_weight += u64::from(weight);
             band.push_head(nodes, tenant);
