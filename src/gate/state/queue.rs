@@ -138,6 +138,19 @@ impl Ends {
         }
         self.tail = Some(slot);
     }
+
+    /// Links the neighbours of the node whose link in this list was `own`
+    /// to each other (its own link is left as it was).
+    fn unlink(&mut self, nodes: &mut impl Nodes, own: Link, link: fn(&mut Node) -> &mut Link) {
+        match own.prev() {
+            Some(prev) => link(nodes.node_mut(prev)).set_next(own.next()),
+            None => self.head = own.next(),
+        }
+        match own.next() {
+            Some(next) => link(nodes.node_mut(next)).set_prev(own.prev()),
+            None => self.tail = own.prev(),
+        }
+    }
 }
 
 /// What the queue keeps of each queued request.
@@ -566,14 +579,8 @@ impl Queue {
             }
         }
         let band = self.bands.get_mut(&rung).expect("a queued request's band");
-        match band_link.prev() {
-            Some(prev) => nodes.node_mut(prev).band.set_next(band_link.next()),
-            None => band.arrivals.head = band_link.next(),
-        }
-        match band_link.next() {
-            Some(next) => nodes.node_mut(next).band.set_prev(band_link.prev()),
-            None => band.arrivals.tail = band_link.prev(),
-        }
+        band.arrivals
+            .unlink(nodes, band_link, |node| &mut node.band);
         band.len -= 1;
         self.len -= 1;
         if band.len == 0 {
@@ -590,14 +597,7 @@ impl Queue {
             .get_mut(&tenant)
             .expect("a queued request's flow");
         let was_head = flow_link.prev().is_none();
-        match flow_link.prev() {
-            Some(prev) => nodes.node_mut(prev).flow.set_next(flow_link.next()),
-            None => flow.fifo.head = flow_link.next(),
-        }
-        match flow_link.next() {
-            Some(next) => nodes.node_mut(next).flow.set_prev(flow_link.prev()),
-            None => flow.fifo.tail = flow_link.prev(),
-        }
+        flow.fifo.unlink(nodes, flow_link, |node| &mut node.flow);
         if was_head {
             if served {
                 // The clock advances by the service over the backlogged
