@@ -159,10 +159,7 @@ fn escaped_strings_count_their_text() {
 /// [`Prompt`], so that what is compared is the two ways of reading a body
 /// (how a prompt's texts are joined is pinned by
 /// `texts_are_joined_by_newlines_after_the_first_non_empty_one`).
-fn reference(
-    body: &[u8],
-    tokenizer: Option<&CountTokens>,
-) -> Option<Cost> {
+fn reference(body: &[u8], tokenizer: Option<&CountTokens>) -> Option<Cost> {
     let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
         return None;
     };

@@ -474,43 +474,25 @@ pub fn gate_config(
     config: &SweepConfig,
     calibration: &Calibration,
 ) -> Option<AdmissionConfig> {
+    let gate = config.gate.clone();
+    // The gate measures queue waits and engine waiting times on the
+    // simulator's (virtual) clock.
+    let timed = |gate: AdmissionConfig| gate.clock(|| time::now().into_std());
     match system {
-        System::Gate => Some(config.gate.clone()),
-        System::GateLittlesLaw => Some(
-            config
-                .gate
-                .clone()
-                .engine_request_waiting_limit(calibration.waiting_limit),
-        ),
+        System::Gate => Some(gate),
+        System::GateLittlesLaw => {
+            Some(gate.engine_request_waiting_limit(calibration.waiting_limit))
+        }
         System::GateSizedForObjective => Some(
-            config
-                .gate
-                .clone()
-                .engine_request_waiting_limit(calibration.waiting_limit)
+            gate.engine_request_waiting_limit(calibration.waiting_limit)
                 .request_queue_limit(calibration.queue_for_objective),
         ),
-        // The objective is the run's own; the gate measures queue waits and
-        // engine waiting times on the simulator's (virtual) clock.
-        System::GateTtftObjective => Some(
-            config
-                .gate
-                .clone()
-                .ttft_objective(config.slo.ttft)
-                .clock(|| time::now().into_std()),
-        ),
-        System::GateTokenBudget => Some(
-            config
-                .gate
-                .clone()
-                .engine_waiting_token_limit(calibration.token_budget),
-        ),
-        System::GateControlledDelay => Some(
-            config
-                .gate
-                .clone()
-                .queue_delay_target(CONTROLLED_DELAY_TARGET)
-                .clock(|| time::now().into_std()),
-        ),
+        // The objective is the run's own.
+        System::GateTtftObjective => Some(timed(gate.ttft_objective(config.slo.ttft))),
+        System::GateTokenBudget => Some(gate.engine_waiting_token_limit(calibration.token_budget)),
+        System::GateControlledDelay => {
+            Some(timed(gate.queue_delay_target(CONTROLLED_DELAY_TARGET)))
+        }
         System::NoAdmission | System::ConcurrencyLimit | System::TgiSemaphore | System::VllmCap => {
             None
         }
