@@ -1,7 +1,8 @@
 //! What the simulated experiments share ([`sweep`](super::sweep) and
 //! [`qos`](super::qos)): the latency objectives of a good request, a
-//! percentile over censored samples, and asking the gate on the
-//! simulator's clock.
+//! percentile over censored samples, asking the gate on the simulator's
+//! clock, the ledger a run records its requests in, and running the runs
+//! on a few threads.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
