@@ -203,19 +203,19 @@ fn collect<'a>(prompt: &mut Prompt<'a>, value: Option<&'a Value>) {
 }
 
 fn json() -> impl Strategy<Value = Value> {
-    let name = prop_oneof![
-        Just("messages"),
-        Just("prompt"),
-        Just("input"),
-        Just("instructions"),
-        Just("max_tokens"),
-        Just("max_completion_tokens"),
-        Just("max_output_tokens"),
-        Just("text"),
-        Just("content"),
-        Just("role"),
-        Just("type"),
-    ]
+    let name = prop::sample::select(&[
+        "messages",
+        "prompt",
+        "input",
+        "instructions",
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "text",
+        "content",
+        "role",
+        "type",
+    ])
     .prop_map(String::from);
     let leaf = prop_oneof![
         Just(Value::Null),
