@@ -52,11 +52,7 @@ pub(super) fn estimate(body: &[u8], tokenizer: Option<&CountTokens>) -> Option<C
     ] {
         prompt.append(part);
     }
-    let text_tokens = match tokenizer {
-        Some(count) => count(&prompt.joined()),
-        None => prompt.joined_len().div_ceil(4),
-    };
-    let prompt_tokens = text_tokens.saturating_add(prompt.token_ids);
+    let prompt_tokens = prompt.tokens(tokenizer);
     let max_output_tokens = fields
         .max_completion_tokens
         .or(fields.max_tokens)
@@ -131,6 +127,16 @@ impl<'de> Prompt<'de> {
             let newline = usize::from(len > 0);
             len.saturating_add(newline).saturating_add(text.len())
         })
+    }
+
+    /// The prompt's tokens: `tokenizer`'s count of the joined texts, or
+    /// their bytes / 4, plus one a token ID.
+    fn tokens(&self, tokenizer: Option<&CountTokens>) -> usize {
+        let text_tokens = match tokenizer {
+            Some(count) => count(&self.joined()),
+            None => self.joined_len().div_ceil(4),
+        };
+        text_tokens.saturating_add(self.token_ids)
     }
 }
 

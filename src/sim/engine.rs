@@ -542,37 +542,36 @@ mod tests {
         });
     }
 
-    #[test]
-    fn in_virtual_time_steps_end_exactly_on_the_model_clock() {
+    /// When each token of a 16-token prompt's 4 came, in µs of virtual time
+    /// from the submit, on the default engine set to `slowdown` (if any) as
+    /// the first token comes.
+    fn token_times(slowdown: Option<f64>) -> Vec<u128> {
         VirtualRuntime::new().block_on(async {
             let engine = SimEngine::new(EngineConfig::default());
             let start = time::now();
             let mut stream = engine.submit(request(16, 4)).unwrap();
-            let mut ends = Vec::new();
+            let mut times = Vec::new();
             while stream.next_token().await.is_some() {
-                ends.push((time::now() - start).as_micros());
+                times.push((time::now() - start).as_micros());
+                if let (1, Some(slowdown)) = (times.len(), slowdown) {
+                    engine.set_slowdown(slowdown);
+                }
             }
-            // No timer grid: 6029 µs of prefill, then 5759 µs per decode.
-            assert_eq!(ends, [6029, 11788, 17547, 23306]);
-        });
+            times
+        })
+    }
+
+    #[test]
+    fn in_virtual_time_steps_end_exactly_on_the_model_clock() {
+        // No timer grid: 6029 µs of prefill, then 5759 µs per decode.
+        assert_eq!(token_times(None), [6029, 11788, 17547, 23306]);
     }
 
     #[test]
     fn a_slowdown_stretches_every_step_from_the_next_one_on() {
-        VirtualRuntime::new().block_on(async {
-            let engine = SimEngine::new(EngineConfig::default());
-            let start = time::now();
-            let mut stream = engine.submit(request(16, 4)).unwrap();
-            stream.next_token().await.unwrap();
-            engine.set_slowdown(2.0);
-            let mut ends = Vec::new();
-            while stream.next_token().await.is_some() {
-                ends.push((time::now() - start).as_micros());
-            }
-            // The step under way when the first token came (it started at
-            // once) keeps its 5759 µs; the ones after take 2 × 5759 µs.
-            assert_eq!(ends, [11788, 23306, 34824]);
-        });
+        // The step under way when the first token came (it started at
+        // once) keeps its 5759 µs; the ones after take 2 × 5759 µs.
+        assert_eq!(token_times(Some(2.0)), [6029, 11788, 23306, 34824]);
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! What the simulated experiments share ([`sweep`](super::sweep) and
 //! [`qos`](super::qos)): the latency objectives of a good request, a
-//! percentile over censored samples, and asking the gate on the
-//! simulator's clock.
+//! percentile over censored samples, asking the gate on the simulator's
+//! clock, the ledger a run records its requests in, and running the runs
+//! on a few threads.
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::engine::Request;
@@ -105,6 +108,148 @@ pub(crate) async fn acquire(
             acquire.await
         }
     }
+}
+
+/// What a run records of the requests it measures, a record each, shared
+/// by its arrivals, its clients and the run itself, which ends once
+/// recording is over and every record is resolved (its request's fate is
+/// settled for the measure).
+pub(crate) struct Ledger<R> {
+    lines: Arc<Mutex<Lines<R>>>,
+    /// Wakes the run when the last open record is resolved.
+    settled: Arc<Notify>,
+}
+
+struct Lines<R> {
+    records: Vec<R>,
+    /// Whether each record is resolved.
+    resolved: Vec<bool>,
+    /// Records not yet resolved.
+    open: usize,
+    /// Whether recording is over.
+    closed: bool,
+}
+
+impl<R> Ledger<R> {
+    pub(crate) fn new() -> Self {
+        Ledger {
+            lines: Arc::new(Mutex::new(Lines {
+                records: Vec::new(),
+                resolved: Vec::new(),
+                open: 0,
+                closed: false,
+            })),
+            settled: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Records a request: `record` is its line, the entry its client's
+    /// handle on it.
+    pub(crate) fn record(&self, record: R) -> Entry<R> {
+        let mut lines = lock(&self.lines);
+        lines.records.push(record);
+        lines.resolved.push(false);
+        lines.open += 1;
+        Entry {
+            ledger: self.clone(),
+            index: lines.records.len() - 1,
+        }
+    }
+
+    /// Recording is over: no request is recorded after this.
+    pub(crate) fn close(&self) {
+        let mut lines = lock(&self.lines);
+        if !lines.closed {
+            lines.closed = true;
+            if lines.open == 0 {
+                self.settled.notify_one();
+            }
+        }
+    }
+
+    /// Waits until recording is over and every record is resolved.
+    pub(crate) async fn settled(&self) {
+        loop {
+            {
+                let lines = lock(&self.lines);
+                if lines.closed && lines.open == 0 {
+                    return;
+                }
+            }
+            self.settled.notified().await;
+        }
+    }
+
+    /// Takes the records out, in the order they were recorded; an entry
+    /// must not be used after.
+    pub(crate) fn take_records(&self) -> Vec<R> {
+        std::mem::take(&mut lock(&self.lines).records)
+    }
+}
+
+impl<R> Clone for Ledger<R> {
+    fn clone(&self) -> Self {
+        Ledger {
+            lines: Arc::clone(&self.lines),
+            settled: Arc::clone(&self.settled),
+        }
+    }
+}
+
+/// A client's handle on its request's record in a [`Ledger`].
+pub(crate) struct Entry<R> {
+    ledger: Ledger<R>,
+    index: usize,
+}
+
+impl<R> Entry<R> {
+    pub(crate) fn update(&self, f: impl FnOnce(&mut R)) {
+        f(&mut lock(&self.ledger.lines).records[self.index]);
+    }
+
+    /// The request's fate is settled for the measure: the run need not
+    /// wait for it any longer. Once is enough; again does nothing.
+    pub(crate) fn resolve(&self) {
+        let mut lines = lock(&self.ledger.lines);
+        if !std::mem::replace(&mut lines.resolved[self.index], true) {
+            lines.open -= 1;
+            if lines.open == 0 && lines.closed {
+                self.ledger.settled.notify_one();
+            }
+        }
+    }
+}
+
+/// `run` on every job, `threads` jobs at a time (at least one), each on a
+/// thread of its own taking the next job not yet taken; the results in the
+/// order of the jobs.
+pub(crate) fn in_parallel<J: Sync, R: Send>(
+    jobs: &[J],
+    threads: usize,
+    run: impl Fn(&J) -> R + Sync,
+) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new((0..jobs.len()).map(|_| None).collect::<Vec<Option<R>>>());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(index) else {
+                        break;
+                    };
+                    let result = run(job);
+                    lock(&results)[index] = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+        .into_iter()
+        .map(|result| result.expect("every job ran"))
+        .collect()
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -272,6 +272,15 @@ mod tests {
         (mean, variance)
     }
 
+    /// How many lengths a mix's shares are measured over.
+    const DRAWS: usize = 50_000;
+
+    /// `DRAWS` lengths drawn from `lengths` (seed 5).
+    fn draw(lengths: Lengths) -> Vec<usize> {
+        let mut rng = StdRng::seed_from_u64(5);
+        (0..DRAWS).map(|_| lengths.sample(&mut rng)).collect()
+    }
+
     #[test]
     fn sharegpt_lengths_have_the_fitted_means() {
         let arrivals: Vec<_> = Workload::sharegpt(10.0).arrivals(7).take(50_000).collect();
@@ -332,16 +341,10 @@ mod tests {
 
     #[test]
     fn the_long_document_mix_has_one_prompt_of_8k_to_20k_tokens_in_ten() {
-        let mut rng = StdRng::seed_from_u64(5);
-        let lengths: Vec<usize> = (0..50_000)
-            .map(|_| Lengths::long_document_mix().sample(&mut rng))
-            .collect();
+        let lengths = draw(Lengths::long_document_mix());
         let long: Vec<usize> = lengths.iter().copied().filter(|&n| n >= 8192).collect();
-        assert!(
-            (0.095..0.105).contains(&(long.len() as f64 / 50_000.0)),
-            "{}",
-            long.len()
-        );
+        let share = long.len() as f64 / DRAWS as f64;
+        assert!((0.095..0.105).contains(&share), "{share}");
         assert!(long.iter().all(|&n| n <= 20_480));
         // The short part never reaches the long one.
         assert!(lengths.iter().all(|&n| n <= 4096 || n >= 8192));
@@ -351,13 +354,10 @@ mod tests {
 
     #[test]
     fn the_long_prompt_mix_has_one_long_prompt_in_five() {
-        let mut rng = StdRng::seed_from_u64(5);
-        let lengths: Vec<usize> = (0..50_000)
-            .map(|_| Lengths::long_prompt_mix().sample(&mut rng))
-            .collect();
-        let long = lengths.iter().filter(|&&n| n >= 1024).count() as f64;
+        let lengths = draw(Lengths::long_prompt_mix());
+        let share = lengths.iter().filter(|&&n| n >= 1024).count() as f64 / DRAWS as f64;
         // ShareGPT-like prompts of 1024 or more are rare (about 1%).
-        assert!((0.19..0.22).contains(&(long / 50_000.0)), "{long}");
+        assert!((0.19..0.22).contains(&share), "{share}");
         let (mean, _) = mean(lengths.iter().map(|&n| n as f64));
         assert!((680.0..780.0).contains(&mean), "{mean}");
     }

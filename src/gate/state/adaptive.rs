@@ -186,6 +186,10 @@ mod tests {
 
     use super::*;
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     fn params() -> AdaptiveWaitingLimit {
         AdaptiveWaitingLimit::new()
     }
@@ -223,117 +227,72 @@ mod tests {
     fn it_starts_at_the_floor_and_probes_the_baseline_first() {
         let mut adaptive = Adaptive::new(params(), 256);
         assert_eq!(adaptive.limit(), 1);
-        let start = Instant::now();
-        let at = feed(
-            &mut adaptive,
-            start,
-            6,
-            Duration::from_millis(20),
-            Duration::from_millis(20),
-            true,
-        );
-        let _ = at;
+        feed(&mut adaptive, Instant::now(), 6, ms(20), ms(20), true);
         assert_baseline(&adaptive, 0.02);
     }
 
     #[test]
     fn it_grows_while_waits_stay_near_the_baseline_and_the_limit_binds() {
         let mut adaptive = Adaptive::new(params(), 256);
-        let start = Instant::now();
-        let wait = Duration::from_millis(20);
-        let every = Duration::from_millis(10);
-        let at = feed(&mut adaptive, start, 10, wait, every, true);
+        let at = feed(&mut adaptive, Instant::now(), 10, ms(20), ms(10), true);
         assert_eq!(adaptive.limit(), 1);
-        feed(&mut adaptive, at, 500, wait, every, true);
+        feed(&mut adaptive, at, 500, ms(20), ms(10), true);
         assert!(adaptive.limit() > 8, "{}", adaptive.limit());
     }
 
     #[test]
     fn it_does_not_grow_when_the_limit_does_not_bind() {
         let mut adaptive = Adaptive::new(params(), 256);
-        let start = Instant::now();
-        let wait = Duration::from_millis(20);
-        let every = Duration::from_millis(10);
-        let at = feed(&mut adaptive, start, 10, wait, every, true);
-        feed(&mut adaptive, at, 500, wait, every, false);
+        let at = feed(&mut adaptive, Instant::now(), 10, ms(20), ms(10), true);
+        feed(&mut adaptive, at, 500, ms(20), ms(10), false);
         assert_eq!(adaptive.limit(), 1);
     }
 
     #[test]
     fn it_shrinks_when_waits_rise_and_grows_back_when_they_fall() {
         let mut adaptive = Adaptive::new(params(), 256);
-        let every = Duration::from_millis(10);
-        let fast = Duration::from_millis(20);
-        let at = feed(&mut adaptive, Instant::now(), 600, fast, every, true);
+        let at = feed(&mut adaptive, Instant::now(), 600, ms(20), ms(10), true);
         let grown = adaptive.limit();
         assert!(grown > 8, "{grown}");
         // Waits triple, well before the next probe: the limit shrinks.
-        let at = feed(&mut adaptive, at, 100, fast * 3, every, true);
+        let at = feed(&mut adaptive, at, 100, ms(60), ms(10), true);
         let shrunk = adaptive.limit();
         assert!(shrunk < grown / 2, "{shrunk} vs {grown}");
         // Fast again: it grows back.
-        feed(&mut adaptive, at, 300, fast, every, true);
+        feed(&mut adaptive, at, 300, ms(20), ms(10), true);
         assert!(adaptive.limit() > shrunk, "{}", adaptive.limit());
+    }
+
+    /// The engine changes speed: bound samples every 10 ms, 50 waits of
+    /// `before`, then `n` of `after`.
+    fn speed_change(
+        params: AdaptiveWaitingLimit,
+        before: Duration,
+        n: usize,
+        after: Duration,
+    ) -> Adaptive {
+        let mut adaptive = Adaptive::new(params, 256);
+        let at = feed(&mut adaptive, Instant::now(), 50, before, ms(10), true);
+        feed(&mut adaptive, at, n, after, ms(10), true);
+        adaptive
     }
 
     #[test]
     fn a_slower_engine_raises_the_baseline_at_the_next_probe() {
-        let mut adaptive = Adaptive::new(params().probe_interval(Duration::from_secs(1)), 256);
-        let every = Duration::from_millis(10);
-        let at = feed(
-            &mut adaptive,
-            Instant::now(),
-            50,
-            Duration::from_millis(20),
-            every,
-            true,
-        );
-        feed(
-            &mut adaptive,
-            at,
-            300,
-            Duration::from_millis(40),
-            every,
-            true,
-        );
-        assert_baseline(&adaptive, 0.04);
+        let params = params().probe_interval(Duration::from_secs(1));
+        // Three seconds of slower waits: past the next probe.
+        assert_baseline(&speed_change(params, ms(20), 300, ms(40)), 0.04);
     }
 
     #[test]
     fn a_faster_engine_lowers_the_baseline_at_once() {
-        let mut adaptive = Adaptive::new(params(), 256);
-        let every = Duration::from_millis(10);
-        let at = feed(
-            &mut adaptive,
-            Instant::now(),
-            50,
-            Duration::from_millis(40),
-            every,
-            true,
-        );
-        feed(
-            &mut adaptive,
-            at,
-            30,
-            Duration::from_millis(10),
-            every,
-            true,
-        );
-        assert_baseline(&adaptive, 0.01);
+        assert_baseline(&speed_change(params(), ms(40), 30, ms(10)), 0.01);
     }
 
     #[test]
     fn a_lower_reported_limit_lowers_the_ceiling() {
         let mut adaptive = Adaptive::new(params(), 256);
-        let every = Duration::from_millis(10);
-        feed(
-            &mut adaptive,
-            Instant::now(),
-            2000,
-            Duration::from_millis(20),
-            every,
-            true,
-        );
+        feed(&mut adaptive, Instant::now(), 2000, ms(20), ms(10), true);
         assert!(adaptive.limit() > 16);
         adaptive.set_limit(16);
         assert_eq!(adaptive.limit(), 16);

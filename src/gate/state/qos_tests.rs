@@ -19,13 +19,22 @@ pub(super) fn class(priority: i32, tenant: Option<Tenant>) -> Class {
     Class { priority, tenant }
 }
 
-fn queue(
+pub(super) fn arrive(
+    state: &mut State<&'static str>,
+    name: &'static str,
+    class: Class,
+    now: Option<Instant>,
+) -> Arrival {
+    state.arrive_as(None, Demand::default(), None, class, name, now)
+}
+
+pub(super) fn queue(
     state: &mut State<&'static str>,
     name: &'static str,
     class: Class,
     now: Option<Instant>,
 ) -> Ticket {
-    match state.arrive_as(None, Demand::default(), None, class, name, now) {
+    match arrive(state, name, class, now) {
         Arrival::Queued(ticket, _) => ticket,
         other => panic!("{name}: expected queued, got {other:?}"),
     }
@@ -88,18 +97,8 @@ fn a_fresh_tenant_per_request_does_not_starve_a_backlogged_tenant() {
     let admissions = 10_000;
     let mut steady_served = 0;
     for _ in 0..admissions {
-        state.finish(&mut running, None);
-        state.drain_offered(|_, _| {});
-        let mut admitted = None;
-        waiting.retain(|&ticket| match state.poll(ticket) {
-            Polled::Admitted(grant, name) => {
-                admitted = Some((grant, name));
-                false
-            }
-            _ => true,
-        });
-        let (grant, name) = admitted.expect("a slot freed with ten waiting");
-        running = grant;
+        let name = serve_next(&mut state, &mut running, &mut waiting, None)
+            .expect("a slot freed with ten waiting");
         let tenant = if name == "steady" {
             steady_served += 1;
             steady
@@ -130,21 +129,11 @@ fn a_huge_weight_is_a_share_not_strict_priority() {
         .tenant_weight("light", 1_000_000);
     let (mut state, running) = busy(config, 100);
     let mut tickets = Vec::new();
-    for _ in 0..30 {
-        tickets.push(queue(
-            &mut state,
-            "light",
-            class(0, Some(Tenant::new("light"))),
-            None,
-        ));
-    }
-    for _ in 0..30 {
-        tickets.push(queue(
-            &mut state,
-            "heavy",
-            class(0, Some(Tenant::new("heavy"))),
-            None,
-        ));
+    for tenant in ["light", "heavy"] {
+        let class = class(0, Some(Tenant::new(tenant)));
+        for _ in 0..30 {
+            tickets.push(queue(&mut state, tenant, class, None));
+        }
     }
     let order = serve_all(&mut state, running, tickets);
     let heavy = order[..30].iter().filter(|&&name| name == "heavy").count();
@@ -198,9 +187,7 @@ fn an_arrival_of_no_higher_priority_than_the_lowest_band_is_rejected() {
     let (mut state, _running) = busy(AdmissionConfig::new(), 2);
     queue(&mut state, "L1", class(1, None), None);
     queue(&mut state, "L2", class(1, None), None);
-    let Arrival::Rejected(overloaded) =
-        state.arrive_as(None, Demand::default(), None, class(1, None), "L3", None)
-    else {
+    let Arrival::Rejected(overloaded) = arrive(&mut state, "L3", class(1, None), None) else {
         panic!("no lower band to displace")
     };
     assert_eq!(overloaded.reason(), RejectionReason::QueueFull);
@@ -224,28 +211,16 @@ fn an_arrival_ahead_of_every_queued_request_that_fits_is_admitted_at_once() {
     else {
         panic!("the long prompt waits for the budget")
     };
-    let same_band = state.arrive_as(
-        None,
-        Demand::of(Cost::prompt(100)),
-        None,
-        class(0, None),
-        "b",
-        None,
-    );
+    let mut short_prompt = |priority, name| {
+        let class = class(priority, None);
+        state.arrive_as(None, Demand::of(Cost::prompt(100)), None, class, name, None)
+    };
     assert!(
-        matches!(same_band, Arrival::Queued(..)),
+        matches!(short_prompt(0, "b"), Arrival::Queued(..)),
         "FIFO within a band: it waits behind the long prompt"
     );
-    let urgent = state.arrive_as(
-        None,
-        Demand::of(Cost::prompt(100)),
-        None,
-        class(5, None),
-        "c",
-        None,
-    );
     assert!(
-        matches!(urgent, Arrival::Admitted(_)),
+        matches!(short_prompt(5, "c"), Arrival::Admitted(_)),
         "nothing queued goes before it and it fits"
     );
 }
@@ -254,13 +229,8 @@ fn an_arrival_ahead_of_every_queued_request_that_fits_is_admitted_at_once() {
 fn a_waiting_band_rises_one_band_per_aging_interval() {
     let start = Instant::now();
     let config = AdmissionConfig::new().aging_interval(Duration::from_secs(1));
-    let mut state = State::new(config.engine_request_limit(1).request_queue_limit(10));
-    let now = Some(start);
-    let Arrival::Admitted(running) = state.arrive(None, Demand::default(), None, "running", now)
-    else {
-        panic!("admitted")
-    };
-    let low = queue(&mut state, "low", class(0, None), now);
+    let (mut state, running) = busy_at(config, 10, Some(start));
+    let low = queue(&mut state, "low", class(0, None), Some(start));
     let now = Some(start + Duration::from_millis(2500));
     // The low band has risen two bands: it is level with priority 2 and,
     // older, goes first; priority 3 still goes before it.
@@ -343,9 +313,7 @@ fn predictive_rejection_counts_only_the_bands_a_request_waits_behind() {
     queue(&mut state, "low", class(0, None), now);
     queue(&mut state, "low", class(0, None), now);
     // Behind two of its own band, a request would wait three seconds.
-    let Arrival::Rejected(overloaded) =
-        state.arrive_as(None, Demand::default(), None, class(0, None), "late", now)
-    else {
+    let Arrival::Rejected(overloaded) = arrive(&mut state, "late", class(0, None), now) else {
         panic!("three seconds of queue is over the 2.5-second limit")
     };
     assert_eq!(overloaded.reason(), RejectionReason::Deadline);
@@ -360,33 +328,42 @@ fn predictive_rejection_counts_only_the_bands_a_request_waits_behind() {
 /// the order the gate admitted them.
 fn serve_all(
     state: &mut State<&'static str>,
-    running: Grant,
-    tickets: Vec<Ticket>,
+    mut running: Grant,
+    mut waiting: Vec<Ticket>,
 ) -> Vec<&'static str> {
     let mut order = Vec::new();
-    let mut running = running;
-    let mut waiting = tickets;
-    loop {
-        state.finish(&mut running, None);
-        let mut offered = Vec::new();
-        state.drain_offered(|_, name| offered.push(*name));
-        assert!(offered.len() <= 1, "one slot frees one place: {offered:?}");
-        let mut admitted = None;
-        waiting.retain(|&ticket| match state.poll(ticket) {
-            Polled::Admitted(grant, name) => {
-                admitted = Some((grant, name));
-                false
-            }
-            Polled::Waiting(_) => true,
-            other => panic!("unexpected {other:?}"),
-        });
-        let Some((grant, name)) = admitted else {
-            assert!(waiting.is_empty(), "a slot freed with requests waiting");
-            return order;
-        };
+    while let Some(name) = serve_next(state, &mut running, &mut waiting, None) {
         order.push(name);
-        running = grant;
     }
+    assert!(waiting.is_empty(), "a slot freed with requests waiting");
+    order
+}
+
+/// Ends the `running` request at `now`; the one of `waiting` the gate
+/// admits in its place leaves `waiting` and runs next. Its name, or `None`
+/// if the gate admitted none of them.
+fn serve_next(
+    state: &mut State<&'static str>,
+    running: &mut Grant,
+    waiting: &mut Vec<Ticket>,
+    now: Option<Instant>,
+) -> Option<&'static str> {
+    state.finish(running, now);
+    let mut offered = Vec::new();
+    state.drain_offered(|_, name| offered.push(*name));
+    assert!(offered.len() <= 1, "one slot frees one place: {offered:?}");
+    let mut admitted = None;
+    waiting.retain(|&ticket| match state.poll(ticket) {
+        Polled::Admitted(grant, name) => {
+            admitted = Some((grant, name));
+            false
+        }
+        Polled::Waiting(_) => true,
+        other => panic!("unexpected {other:?}"),
+    });
+    let (grant, name) = admitted?;
+    *running = grant;
+    Some(name)
 }
 
 #[test]
@@ -403,18 +380,8 @@ fn aging_bounds_the_wait_of_low_priority_work_under_a_steady_high_stream() {
     for k in 1..=40u32 {
         let now = start + step * k;
         waiting.push(queue(&mut state, "high", class(2, None), Some(now)));
-        state.finish(&mut running, Some(now));
-        state.drain_offered(|_, _| {});
-        let mut served = None;
-        waiting.retain(|&ticket| match state.poll(ticket) {
-            Polled::Admitted(grant, name) => {
-                served = Some((grant, name));
-                false
-            }
-            _ => true,
-        });
-        let (grant, name) = served.expect("a slot freed with requests waiting");
-        running = grant;
+        let name = serve_next(&mut state, &mut running, &mut waiting, Some(now))
+            .expect("a slot freed with requests waiting");
         if name == "low" {
             let waited = now - start;
             // Two bands below the stream: it rises level with it after two

@@ -128,6 +128,31 @@ struct Ends {
     tail: Option<Slot>,
 }
 
+impl Ends {
+    /// Links `slot` in after the tail; `link` is this list's link in a node.
+    fn push_back(&mut self, nodes: &mut impl Nodes, slot: Slot, link: fn(&mut Node) -> &mut Link) {
+        *link(nodes.node_mut(slot)) = Link::new(self.tail, None);
+        match self.tail {
+            Some(tail) => link(nodes.node_mut(tail)).set_next(Some(slot)),
+            None => self.head = Some(slot),
+        }
+        self.tail = Some(slot);
+    }
+
+    /// Links the neighbours of the node whose link in this list was `own`
+    /// to each other (its own link is left as it was).
+    fn unlink(&mut self, nodes: &mut impl Nodes, own: Link, link: fn(&mut Node) -> &mut Link) {
+        match own.prev() {
+            Some(prev) => link(nodes.node_mut(prev)).set_next(own.next()),
+            None => self.head = own.next(),
+        }
+        match own.next() {
+            Some(next) => link(nodes.node_mut(next)).set_prev(own.prev()),
+            None => self.tail = own.prev(),
+        }
+    }
+}
+
 /// What the queue keeps of each queued request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Node {
@@ -447,13 +472,7 @@ impl Queue {
             ..
         } = *nodes.node(slot);
         let band = self.bands.entry(rung).or_default();
-        let tail = band.arrivals.tail;
-        nodes.node_mut(slot).band = Link::new(tail, None);
-        match tail {
-            Some(tail) => nodes.node_mut(tail).band.set_next(Some(slot)),
-            None => band.arrivals.head = Some(slot),
-        }
-        band.arrivals.tail = Some(slot);
+        band.arrivals.push_back(nodes, slot, |node| &mut node.band);
         band.len += 1;
 
         let (start, backlogged) = band.start_for(tenant);
@@ -462,13 +481,7 @@ impl Queue {
             head_start: start,
             weight,
         });
-        let tail = flow.fifo.tail;
-        nodes.node_mut(slot).flow = Link::new(tail, None);
-        match tail {
-            Some(tail) => nodes.node_mut(tail).flow.set_next(Some(slot)),
-            None => flow.fifo.head = Some(slot),
-        }
-        flow.fifo.tail = Some(slot);
+        flow.fifo.push_back(nodes, slot, |node| &mut node.flow);
         if !backlogged {
             band.backlogged_weight += u64::from(weight);
             band.push_head(nodes, tenant);
@@ -566,14 +579,8 @@ impl Queue {
             }
         }
         let band = self.bands.get_mut(&rung).expect("a queued request's band");
-        match band_link.prev() {
-            Some(prev) => nodes.node_mut(prev).band.set_next(band_link.next()),
-            None => band.arrivals.head = band_link.next(),
-        }
-        match band_link.next() {
-            Some(next) => nodes.node_mut(next).band.set_prev(band_link.prev()),
-            None => band.arrivals.tail = band_link.prev(),
-        }
+        band.arrivals
+            .unlink(nodes, band_link, |node| &mut node.band);
         band.len -= 1;
         self.len -= 1;
         if band.len == 0 {
@@ -590,14 +597,7 @@ impl Queue {
             .get_mut(&tenant)
             .expect("a queued request's flow");
         let was_head = flow_link.prev().is_none();
-        match flow_link.prev() {
-            Some(prev) => nodes.node_mut(prev).flow.set_next(flow_link.next()),
-            None => flow.fifo.head = flow_link.next(),
-        }
-        match flow_link.next() {
-            Some(next) => nodes.node_mut(next).flow.set_prev(flow_link.prev()),
-            None => flow.fifo.tail = flow_link.prev(),
-        }
+        flow.fifo.unlink(nodes, flow_link, |node| &mut node.flow);
         if was_head {
             if served {
                 // The clock advances by the service over the backlogged

@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// `waiter` arrives, at no particular time, and is admitted.
+fn admit<T>(state: &mut State<T>, waiter: T) -> Grant {
+    match state.arrive(None, Demand::default(), None, waiter, None) {
+        Arrival::Admitted(grant) => grant,
+        other => panic!("expected admitted, got {other:?}"),
+    }
+}
+
+/// `waiter` arrives, at no particular time, and is queued.
+fn queue<T>(state: &mut State<T>, waiter: T) -> Ticket {
+    match state.arrive(None, Demand::default(), None, waiter, None) {
+        Arrival::Queued(ticket, _) => ticket,
+        other => panic!("expected queued, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_cancel_storm_gives_the_queue_memory_back() {
     let mut state = State::new(
@@ -11,18 +27,9 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
             .engine_request_limit(1)
             .request_queue_limit(100_000),
     );
-    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0, None) else {
-        panic!("the first request is admitted")
-    };
+    let mut holder = admit(&mut state, 0);
     let idle = state.entries.capacity();
-    let tickets: Vec<Ticket> = (0..100_000)
-        .map(
-            |id| match state.arrive(None, Demand::default(), None, id, None) {
-                Arrival::Queued(ticket, _) => ticket,
-                other => panic!("expected queued, got {other:?}"),
-            },
-        )
-        .collect();
+    let tickets: Vec<Ticket> = (0..100_000).map(|id| queue(&mut state, id)).collect();
     assert!(state.entries.capacity() >= 100_000);
     // Cancel in a scattered order.
     let mut order: Vec<usize> = (0..tickets.len()).collect();
@@ -39,17 +46,8 @@ fn a_cancel_storm_gives_the_queue_memory_back() {
 #[test]
 fn unlinking_from_the_middle_keeps_the_queue_order() {
     let mut state = State::new(AdmissionConfig::new().engine_request_limit(1));
-    let Arrival::Admitted(mut holder) = state.arrive(None, Demand::default(), None, 0, None) else {
-        panic!("the first request is admitted")
-    };
-    let tickets: Vec<Ticket> = (1..=5)
-        .map(
-            |id| match state.arrive(None, Demand::default(), None, id, None) {
-                Arrival::Queued(ticket, _) => ticket,
-                other => panic!("expected queued, got {other:?}"),
-            },
-        )
-        .collect();
+    let mut holder = admit(&mut state, 0);
+    let tickets: Vec<Ticket> = (1..=5).map(|id| queue(&mut state, id)).collect();
     for i in [2, 4, 0] {
         state.cancel(tickets[i], None).unwrap();
     }
@@ -74,20 +72,14 @@ fn a_stale_ticket_never_touches_the_request_that_reuses_its_slot() {
             .engine_request_limit(1)
             .request_queue_limit(2),
     );
-    let Arrival::Admitted(mut a) = state.arrive(None, Demand::default(), None, "a", None) else {
-        panic!("the first request is admitted")
-    };
-    let Arrival::Queued(b, _) = state.arrive(None, Demand::default(), None, "b", None) else {
-        panic!("the second request waits")
-    };
+    let mut a = admit(&mut state, "a");
+    let b = queue(&mut state, "b");
     state.finish(&mut a, None);
     let Polled::Admitted(mut b_grant, _) = state.poll(b) else {
         panic!("b was offered the freed capacity")
     };
     // c takes the slot b's entry had.
-    let Arrival::Queued(c, _) = state.arrive(None, Demand::default(), None, "c", None) else {
-        panic!("the third request waits")
-    };
+    let c = queue(&mut state, "c");
     assert_eq!(c.slot, b.slot, "the slab reuses the slot");
     assert!(state.cancel(b, None).is_err(), "b's ticket is spent");
     assert!(matches!(state.poll(b), Polled::Stale));

@@ -392,6 +392,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// An `AdmissionConfig` builder method that sets one limit.
+type Limit = fn(AdmissionConfig, usize) -> AdmissionConfig;
+
 fn config() -> impl Strategy<Value = AdmissionConfig> {
     (
         proptest::option::of(1usize..4),
@@ -405,30 +408,25 @@ fn config() -> impl Strategy<Value = AdmissionConfig> {
         ),
     )
         .prop_map(|(requests, waiting, queue, capacity, tokens)| {
+            let (waiting_tokens, engine_tokens, queued_tokens) = tokens;
+            let limits: [(Option<usize>, Limit); 6] = [
+                (requests, AdmissionConfig::engine_request_limit),
+                (waiting, AdmissionConfig::engine_request_waiting_limit),
+                (queue, AdmissionConfig::request_queue_limit),
+                (waiting_tokens, AdmissionConfig::engine_waiting_token_limit),
+                (engine_tokens, AdmissionConfig::engine_token_limit),
+                (queued_tokens, AdmissionConfig::request_queue_token_limit),
+            ];
             let mut config = AdmissionConfig::new();
-            if let Some(n) = requests {
-                config = config.engine_request_limit(n);
-            }
-            if let Some(n) = waiting {
-                config = config.engine_request_waiting_limit(n);
-            }
-            if let Some(n) = queue {
-                config = config.request_queue_limit(n);
-            }
             if let Some((seqs, ranks)) = capacity {
                 config = config.capacity(EngineCapacity::new(seqs, ranks));
             }
-            let (waiting_tokens, engine_tokens, queued_tokens) = tokens;
-            if let Some(n) = waiting_tokens {
-                config = config.engine_waiting_token_limit(n);
-            }
-            if let Some(n) = engine_tokens {
-                config = config.engine_token_limit(n);
-            }
-            if let Some(n) = queued_tokens {
-                config = config.request_queue_token_limit(n);
-            }
-            config
+            limits
+                .into_iter()
+                .fold(config, |config, (limit, set)| match limit {
+                    Some(n) => set(config, n),
+                    None => config,
+                })
         })
 }
 

@@ -64,6 +64,24 @@ fn prompts_as_token_ids_count_one_token_each() {
 }
 
 #[test]
+fn texts_are_joined_by_newlines_after_the_first_non_empty_one() {
+    for (texts, joined) in [
+        (vec![], ""),
+        (vec![""], ""),
+        (vec!["", "ab"], "ab"),
+        (vec!["", "", "ab", "c"], "ab\nc"),
+        (vec!["ab", "", "c"], "ab\n\nc"),
+        (vec!["a", "b"], "a\nb"),
+    ] {
+        let mut prompt = Prompt::new(true);
+        for text in &texts {
+            prompt.push(Cow::Borrowed(text));
+        }
+        assert_eq!(prompt.joined(), joined, "{texts:?}");
+    }
+}
+
+#[test]
 fn the_joined_length_is_the_length_of_the_joined_text() {
     for texts in [
         vec![],
@@ -137,102 +155,67 @@ fn escaped_strings_count_their_text() {
 /// parse would reject a body whose ignored fields have unexpected types,
 /// where this one estimates what it can; the prompt itself is not copied:
 /// its strings are borrowed from the parsed document and only joined when a
-/// tokenizer asks for one text.
-fn reference(
-    body: &[u8],
-    tokenizer: Option<&(dyn Fn(&str) -> usize + Send + Sync)>,
-) -> Option<Cost> {
+/// tokenizer asks for one text. The texts go into the estimate's own
+/// [`Prompt`], so that what is compared is the two ways of reading a body
+/// (how a prompt's texts are joined is pinned by
+/// `texts_are_joined_by_newlines_after_the_first_non_empty_one`).
+fn reference(body: &[u8], tokenizer: Option<&CountTokens>) -> Option<Cost> {
     let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
         return None;
     };
-    let mut prompt = Reference::default();
+    let mut prompt = Prompt::new(true);
     if let Some(messages) = request.get("messages").and_then(Value::as_array) {
         for message in messages {
-            prompt.collect(message.get("content"));
+            collect(&mut prompt, message.get("content"));
         }
     }
     for field in ["prompt", "input", "instructions"] {
-        prompt.collect(request.get(field));
+        collect(&mut prompt, request.get(field));
     }
-    let text_tokens = match tokenizer {
-        Some(count) => count(&prompt.joined()),
-        None => prompt.joined_len().div_ceil(4),
-    };
-    let prompt_tokens = text_tokens.saturating_add(prompt.token_ids);
     let max_output_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
         .find_map(|field| request.get(*field)?.as_u64())
         .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    Some(Cost::new(prompt_tokens, max_output_tokens))
+    Some(Cost::new(prompt.tokens(tokenizer), max_output_tokens))
 }
 
-/// A prompt's texts, borrowed from the parsed body, and its token IDs.
-#[derive(Default)]
-struct Reference<'a> {
-    texts: Vec<&'a str>,
-    token_ids: usize,
-}
-
-impl<'a> Reference<'a> {
-    /// Takes the text of a prompt field: a string, an array of strings or
-    /// token IDs (numbers, one token each, nested lists summed), or an
-    /// array of content parts (`{"type":"text","text":…}`) or input items
-    /// (`{"role":…,"content":…}`).
-    fn collect(&mut self, value: Option<&'a Value>) {
-        match value {
-            Some(Value::String(text)) => self.texts.push(text),
-            Some(Value::Array(items)) => {
-                for item in items {
-                    match item {
-                        Value::Object(part) => {
-                            self.collect(part.get("text"));
-                            self.collect(part.get("content"));
-                        }
-                        Value::Number(_) => self.token_ids = self.token_ids.saturating_add(1),
-                        other => self.collect(Some(other)),
+/// Takes the text of a prompt field into `prompt`: a string, an array of
+/// strings or token IDs (numbers, one token each, nested lists summed), or
+/// an array of content parts (`{"type":"text","text":…}`) or input items
+/// (`{"role":…,"content":…}`).
+fn collect<'a>(prompt: &mut Prompt<'a>, value: Option<&'a Value>) {
+    match value {
+        Some(Value::String(text)) => prompt.push(Cow::Borrowed(text)),
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item {
+                    Value::Object(part) => {
+                        collect(prompt, part.get("text"));
+                        collect(prompt, part.get("content"));
                     }
+                    Value::Number(_) => prompt.token_ids = prompt.token_ids.saturating_add(1),
+                    other => collect(prompt, Some(other)),
                 }
             }
-            _ => {}
         }
-    }
-
-    /// The texts joined by newlines, a newline before each text that
-    /// follows non-empty ones.
-    fn joined(&self) -> String {
-        let mut out = String::with_capacity(self.joined_len());
-        for text in &self.texts {
-            if !out.is_empty() {
-                out.push('\n');
-            }
-            out.push_str(text);
-        }
-        out
-    }
-
-    /// The length of [`joined`](Self::joined), without joining.
-    fn joined_len(&self) -> usize {
-        self.texts.iter().fold(0usize, |len, text| {
-            let newline = usize::from(len > 0);
-            len.saturating_add(newline).saturating_add(text.len())
-        })
+        _ => {}
     }
 }
 
 fn json() -> impl Strategy<Value = Value> {
-    let name = prop_oneof![
-        Just("messages"),
-        Just("prompt"),
-        Just("input"),
-        Just("instructions"),
-        Just("max_tokens"),
-        Just("max_completion_tokens"),
-        Just("max_output_tokens"),
-        Just("text"),
-        Just("content"),
-        Just("role"),
-        Just("type"),
-    ]
+    let name = prop::sample::select(&[
+        "messages",
+        "prompt",
+        "input",
+        "instructions",
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "text",
+        "content",
+        "role",
+        "type",
+    ])
     .prop_map(String::from);
     let leaf = prop_oneof![
         Just(Value::Null),

@@ -1,16 +1,15 @@
 //! One evaluation in virtual time: each traffic shape's capacity measured,
 //! then every policy run against it, clients and their ledger.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::super::capacity;
 use super::super::engine::{Request, SimEngine};
-use super::super::measure::{self, lock};
+use super::super::measure::{self, Entry, Ledger};
 use super::super::time::{self, VirtualRuntime};
 use super::super::workload::{Lengths, Workload};
 use super::*;
@@ -20,28 +19,9 @@ use crate::{Descriptor, Gate, Permit, Tenant};
 /// `config.threads` at a time.
 pub fn run(config: &QosConfig) -> Evaluation {
     let capacities = capacities(config);
-    let next = AtomicUsize::new(0);
-    let results = Mutex::new(vec![None; config.policies.len()]);
-    std::thread::scope(|scope| {
-        for _ in 0..config.threads.clamp(1, config.policies.len().max(1)) {
-            scope.spawn(|| {
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&policy) = config.policies.get(index) else {
-                        break;
-                    };
-                    let run = VirtualRuntime::new().block_on(simulate(config, &capacities, policy));
-                    lock(&results)[index] = Some(run);
-                }
-            });
-        }
+    let runs = measure::in_parallel(&config.policies, config.threads, |&policy| {
+        VirtualRuntime::new().block_on(simulate(config, &capacities, policy))
     });
-    let runs = results
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner)
-        .into_iter()
-        .map(|run| run.expect("every policy ran"))
-        .collect();
     Evaluation {
         config: config.clone(),
         capacities,
@@ -83,39 +63,6 @@ fn capacities(config: &QosConfig) -> Vec<f64> {
         .collect()
 }
 
-/// The requests recorded in one run, and what ends it.
-#[derive(Default)]
-struct Ledger {
-    outcomes: Vec<Outcome>,
-    /// Recorded requests not yet finished or rejected.
-    open: usize,
-    /// Whether arrivals have gone past `record_until`.
-    recording_over: bool,
-}
-
-/// A client's handle on its line of the ledger.
-struct Entry {
-    ledger: Arc<Mutex<Ledger>>,
-    index: usize,
-    notify: Arc<Notify>,
-    start: Instant,
-}
-
-impl Entry {
-    fn note(&self, f: impl FnOnce(&mut Outcome, Duration)) {
-        let now = time::now() - self.start;
-        f(&mut lock(&self.ledger).outcomes[self.index], now);
-    }
-
-    fn resolve(&self) {
-        let mut ledger = lock(&self.ledger);
-        ledger.open -= 1;
-        if ledger.open == 0 && ledger.recording_over {
-            self.notify.notify_one();
-        }
-    }
-}
-
 async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run {
     let engine = SimEngine::new(config.engine.clone());
     let gate = policy.gate_config(config).map(|gate_config| {
@@ -124,8 +71,7 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
         gate
     });
     let start = time::now();
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let notify = Arc::new(Notify::new());
+    let ledger = Ledger::new();
     let record_until = start + config.record_until;
 
     // One arrival task per traffic; all record into the same ledger.
@@ -146,12 +92,7 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
             Descriptor::new()
         };
         let traffic_start = start + traffic.start;
-        let (ledger, notify, engine, gate) = (
-            Arc::clone(&ledger),
-            Arc::clone(&notify),
-            engine.clone(),
-            gate.clone(),
-        );
+        let (ledger, engine, gate) = (ledger.clone(), engine.clone(), gate.clone());
         let remaining = Arc::clone(&remaining);
         time::spawn(async move {
             let mut recording = true;
@@ -164,8 +105,7 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
                     rank: None,
                 };
                 let entry = if at < record_until {
-                    let mut ledger_now = lock(&ledger);
-                    ledger_now.outcomes.push(Outcome {
+                    Some(ledger.record(Outcome {
                         traffic: index,
                         arrival: at - start,
                         engine_tokens: request.prompt_tokens.max(1) + request.output_tokens.max(1),
@@ -174,24 +114,13 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
                         finished: None,
                         tokens: 0,
                         rejected: None,
-                    });
-                    ledger_now.open += 1;
-                    Some(Entry {
-                        ledger: Arc::clone(&ledger),
-                        index: ledger_now.outcomes.len() - 1,
-                        notify: Arc::clone(&notify),
-                        start,
-                    })
+                    }))
                 } else {
                     if recording {
                         recording = false;
                         // The last traffic past the line ends the recording.
                         if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
-                            let mut ledger_now = lock(&ledger);
-                            ledger_now.recording_over = true;
-                            if ledger_now.open == 0 {
-                                notify.notify_one();
-                            }
+                            ledger.close();
                         }
                     }
                     None
@@ -203,29 +132,16 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
                     request,
                     descriptor,
                     entry,
+                    start,
                 ));
             }
         });
     }
 
-    let hard_end = record_until + config.drain;
-    loop {
-        {
-            let ledger = lock(&ledger);
-            if ledger.recording_over && ledger.open == 0 {
-                break;
-            }
-        }
-        if time::timeout_at(hard_end, notify.notified())
-            .await
-            .is_none()
-        {
-            break;
-        }
-    }
+    // Every recorded request done, or the drain over: whichever is first.
+    time::timeout_at(record_until + config.drain, ledger.settled()).await;
     let end = time::now() - start;
-    let outcomes = std::mem::take(&mut lock(&ledger).outcomes);
-    let mut outcomes = outcomes;
+    let mut outcomes = ledger.take_records();
     outcomes.sort_by_key(|outcome| outcome.arrival);
     Run {
         policy,
@@ -236,17 +152,20 @@ async fn simulate(config: &QosConfig, capacities: &[f64], policy: Policy) -> Run
 }
 
 /// One client: asks the gate (if any), sends its request to the engine
-/// and reads its tokens to the end, noting each step in its entry.
+/// and reads its tokens to the end, noting each step in its entry with
+/// the time since `start`.
 async fn client(
     engine: SimEngine,
     gate: Option<Gate>,
     request: Request,
     descriptor: Descriptor,
-    entry: Option<Entry>,
+    entry: Option<Entry<Outcome>>,
+    start: Instant,
 ) {
     let note = |f: &dyn Fn(&mut Outcome, Duration)| {
         if let Some(entry) = &entry {
-            entry.note(f);
+            let now = time::now() - start;
+            entry.update(|outcome| f(outcome, now));
         }
     };
     let mut permit: Option<Permit> = None;

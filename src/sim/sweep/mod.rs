@@ -50,8 +50,6 @@
 //! [`SweepConfig::gate`] (`--queue-limit` in the example).
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::config::EngineConfig;
@@ -64,7 +62,7 @@ use crate::{AdmissionConfig, Gate};
 pub use self::point::{Class, Point, Sweep};
 pub use self::simulate::measure_capacity;
 use self::simulate::simulate;
-use super::measure::lock;
+use super::measure::in_parallel;
 pub use super::measure::{Percentile, Slo};
 
 mod point;
@@ -368,6 +366,14 @@ pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
             config,
         }
     };
+    // Prompts drawn from `lengths`, those of `long_prompt_tokens` or more
+    // counted as long.
+    let prompt_mix = |lengths: Lengths, long_prompt_tokens: usize| {
+        move |c: &mut SweepConfig| {
+            c.prompt_tokens = lengths;
+            c.long_prompt_tokens = long_prompt_tokens;
+        }
+    };
     vec![
         scenario(
             "base",
@@ -388,18 +394,12 @@ pub fn scenarios(base: &SweepConfig) -> Vec<Scenario> {
         scenario(
             "long",
             "long-prompt mix: 1 in 5 prompts ~3000 tokens",
-            &|c| {
-                c.prompt_tokens = Lengths::long_prompt_mix();
-                c.long_prompt_tokens = 1024;
-            },
+            &prompt_mix(Lengths::long_prompt_mix(), 1024),
         ),
         scenario(
             "long-docs",
             "long-document mix: 1 in 10 prompts of 8k-20k tokens",
-            &|c| {
-                c.prompt_tokens = Lengths::long_document_mix();
-                c.long_prompt_tokens = 8192;
-            },
+            &prompt_mix(Lengths::long_document_mix(), 8192),
         ),
         scenario(
             "retry",
@@ -474,43 +474,25 @@ pub fn gate_config(
     config: &SweepConfig,
     calibration: &Calibration,
 ) -> Option<AdmissionConfig> {
+    let gate = config.gate.clone();
+    // The gate measures queue waits and engine waiting times on the
+    // simulator's (virtual) clock.
+    let timed = |gate: AdmissionConfig| gate.clock(|| time::now().into_std());
     match system {
-        System::Gate => Some(config.gate.clone()),
-        System::GateLittlesLaw => Some(
-            config
-                .gate
-                .clone()
-                .engine_request_waiting_limit(calibration.waiting_limit),
-        ),
+        System::Gate => Some(gate),
+        System::GateLittlesLaw => {
+            Some(gate.engine_request_waiting_limit(calibration.waiting_limit))
+        }
         System::GateSizedForObjective => Some(
-            config
-                .gate
-                .clone()
-                .engine_request_waiting_limit(calibration.waiting_limit)
+            gate.engine_request_waiting_limit(calibration.waiting_limit)
                 .request_queue_limit(calibration.queue_for_objective),
         ),
-        // The objective is the run's own; the gate measures queue waits and
-        // engine waiting times on the simulator's (virtual) clock.
-        System::GateTtftObjective => Some(
-            config
-                .gate
-                .clone()
-                .ttft_objective(config.slo.ttft)
-                .clock(|| time::now().into_std()),
-        ),
-        System::GateTokenBudget => Some(
-            config
-                .gate
-                .clone()
-                .engine_waiting_token_limit(calibration.token_budget),
-        ),
-        System::GateControlledDelay => Some(
-            config
-                .gate
-                .clone()
-                .queue_delay_target(CONTROLLED_DELAY_TARGET)
-                .clock(|| time::now().into_std()),
-        ),
+        // The objective is the run's own.
+        System::GateTtftObjective => Some(timed(gate.ttft_objective(config.slo.ttft))),
+        System::GateTokenBudget => Some(gate.engine_waiting_token_limit(calibration.token_budget)),
+        System::GateControlledDelay => {
+            Some(timed(gate.queue_delay_target(CONTROLLED_DELAY_TARGET)))
+        }
         System::NoAdmission | System::ConcurrencyLimit | System::TgiSemaphore | System::VllmCap => {
             None
         }
@@ -590,29 +572,11 @@ pub fn run(
         .iter()
         .flat_map(|&system| config.loads.iter().map(move |&load| (system, load)))
         .collect();
-    let next = AtomicUsize::new(0);
-    let results = Mutex::new(vec![None; jobs.len()]);
-    std::thread::scope(|scope| {
-        for _ in 0..config.threads.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| {
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(system, load)) = jobs.get(index) else {
-                        break;
-                    };
-                    let point = run_point(config, calibration, system, load);
-                    on_point(&point);
-                    lock(&results)[index] = Some(point);
-                }
-            });
-        }
+    let points = in_parallel(&jobs, config.threads, |&(system, load)| {
+        let point = run_point(config, calibration, system, load);
+        on_point(&point);
+        point
     });
-    let points = results
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner)
-        .into_iter()
-        .map(|point| point.expect("every job ran"))
-        .collect();
     Sweep {
         calibration: *calibration,
         points,

@@ -4,19 +4,20 @@
 //! window, and the engine's capacity measured closed-loop.
 
 use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tower::Service;
 use tower::limit::ConcurrencyLimit;
 
 use super::super::config::Token;
 use super::super::engine::{Request, SimEngine, SubmitError, TokenStream};
-use super::super::measure::{Percentile, Slo, acquire, descriptor_of, lock};
+use super::super::measure::{Entry, Ledger, Percentile, Slo, acquire, descriptor_of, lock};
 use super::super::time;
 use super::*;
 use crate::{Gate, Permit};
@@ -123,19 +124,7 @@ async fn first_token(submitted: Result<TokenStream, SubmitError>, mut hold: Hold
     }
 }
 
-/// What became of the requests of the measurement window.
-#[derive(Default)]
-struct Ledger {
-    records: Vec<Record>,
-    /// Window requests not yet completed, rejected, given up, failed or
-    /// late.
-    open: usize,
-    /// Whether arrivals have gone past the end of the window.
-    window_over: bool,
-    /// The longest engine waiting queue seen at an arrival.
-    engine_queue_peak: usize,
-}
-
+/// What became of a request of the measurement window.
 struct Record {
     arrival: Instant,
     prompt_tokens: usize,
@@ -145,35 +134,6 @@ struct Record {
     first_token: Option<Instant>,
     finished: Option<Instant>,
     tokens: usize,
-    /// Counted out of `open` (done, or past its first-token objective).
-    resolved: bool,
-}
-
-/// A client's handle on its line of the ledger, if it arrived in the window.
-struct Entry {
-    ledger: Arc<Mutex<Ledger>>,
-    index: usize,
-    notify: Arc<Notify>,
-}
-
-impl Entry {
-    fn update(&self, f: impl FnOnce(&mut Record)) {
-        f(&mut lock(&self.ledger).records[self.index]);
-    }
-
-    /// The request's fate is settled for goodput: the run need not wait for
-    /// it any longer.
-    fn resolve(&self) {
-        let mut ledger = lock(&self.ledger);
-        let record = &mut ledger.records[self.index];
-        if !record.resolved {
-            record.resolved = true;
-            ledger.open -= 1;
-            if ledger.open == 0 && ledger.window_over {
-                self.notify.notify_one();
-            }
-        }
-    }
 }
 
 /// The retry budget all clients of a run share: a token bucket.
@@ -246,8 +206,9 @@ pub(super) async fn simulate(
     let start = time::now();
     let window_start = start + config.warmup();
     let window_end = window_start + config.window;
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let notify = Arc::new(Notify::new());
+    // A record is resolved once done, or past its first-token objective.
+    let ledger = Ledger::new();
+    let engine_queue_peak = Arc::new(AtomicUsize::new(0));
     let ranks = config.engine.dp_ranks;
     let budget = match config.clients {
         Clients::Retry(retry) => Some(Arc::new(RetryBudget::new(retry))),
@@ -260,45 +221,31 @@ pub(super) async fn simulate(
     let slo = config.slo;
     let seed = config.seed;
     time::spawn({
-        let ledger = Arc::clone(&ledger);
-        let notify = Arc::clone(&notify);
+        let ledger = ledger.clone();
+        let engine_queue_peak = Arc::clone(&engine_queue_peak);
         let engine = engine.clone();
         async move {
             let mut ranked = 0usize;
             for (index, arrival) in arrivals.enumerate() {
                 let at = start + arrival.at;
                 time::sleep_until(at).await;
-                let engine_queue = engine.stats().waiting;
-                let entry = {
-                    let mut ledger_now = lock(&ledger);
-                    ledger_now.engine_queue_peak = ledger_now.engine_queue_peak.max(engine_queue);
-                    if at < window_start {
-                        None
-                    } else if at < window_end {
-                        ledger_now.records.push(Record {
-                            arrival: at,
-                            prompt_tokens: arrival.prompt_tokens,
-                            sends: 0,
-                            rejected: false,
-                            abandoned: false,
-                            first_token: None,
-                            finished: None,
-                            tokens: 0,
-                            resolved: false,
-                        });
-                        ledger_now.open += 1;
-                        Some(Entry {
-                            ledger: Arc::clone(&ledger),
-                            index: ledger_now.records.len() - 1,
-                            notify: Arc::clone(&notify),
-                        })
-                    } else {
-                        if !ledger_now.window_over {
-                            ledger_now.window_over = true;
-                            notify.notify_one();
-                        }
-                        None
-                    }
+                engine_queue_peak.fetch_max(engine.stats().waiting, Ordering::Relaxed);
+                let entry = if at < window_start {
+                    None
+                } else if at < window_end {
+                    Some(ledger.record(Record {
+                        arrival: at,
+                        prompt_tokens: arrival.prompt_tokens,
+                        sends: 0,
+                        rejected: false,
+                        abandoned: false,
+                        first_token: None,
+                        finished: None,
+                        tokens: 0,
+                    }))
+                } else {
+                    ledger.close();
+                    None
                 };
                 // Low-discrepancy choice of the ranked requests, round-robin
                 // over the ranks among them.
@@ -333,22 +280,13 @@ pub(super) async fn simulate(
         }
     });
 
-    loop {
-        {
-            let ledger = lock(&ledger);
-            if ledger.window_over && ledger.open == 0 {
-                break;
-            }
-        }
-        notify.notified().await;
-    }
+    ledger.settled().await;
     let end = time::now();
     // The arrivals and the clients still running go with the runtime.
-    let ledger = lock(&ledger);
-    let mut outcomes = Outcomes::of(&ledger.records, config.slo, end);
+    let records = ledger.take_records();
+    let mut outcomes = Outcomes::of(&records, config.slo, end);
     let class = |long: bool| {
-        let records: Vec<&Record> = ledger
-            .records
+        let records: Vec<&Record> = records
             .iter()
             .filter(|record| (record.prompt_tokens >= config.long_prompt_tokens) == long)
             .collect();
@@ -368,7 +306,7 @@ pub(super) async fn simulate(
         system,
         load,
         offered,
-        arrived: ledger.records.len(),
+        arrived: records.len(),
         sends: outcomes.sends,
         rejected: outcomes.rejected,
         abandoned: outcomes.abandoned,
@@ -382,7 +320,7 @@ pub(super) async fn simulate(
         tpot_p99: Percentile::of(&mut outcomes.tpots, 0.99).map(|p| p.value),
         preemptions: stats.preemptions,
         engine_cancelled: stats.cancelled,
-        engine_queue_peak: ledger.engine_queue_peak,
+        engine_queue_peak: engine_queue_peak.load(Ordering::Relaxed),
         simulated: end - start,
         short: class(false),
         long: class(true),
@@ -404,7 +342,7 @@ async fn sends(
     request: Request,
     behaviour: &mut Behaviour,
     arrival: Instant,
-    entry: Option<&Entry>,
+    entry: Option<&Entry<Record>>,
 ) -> Fate {
     let ttft_deadline = arrival + behaviour.slo.ttft;
     let mut retries = 0u32;
@@ -452,7 +390,7 @@ async fn client(
     request: Request,
     mut behaviour: Behaviour,
     arrival: Instant,
-    entry: Option<Entry>,
+    entry: Option<Entry<Record>>,
 ) {
     let ttft_deadline = arrival + behaviour.slo.ttft;
     let give_up = match behaviour.clients {
