@@ -6,7 +6,9 @@
 use ::loom::future::block_on;
 use ::loom::thread;
 
-use crate::{AdmissionConfig, AdmitSource, Cost, Counts, Descriptor, EngineCapacity, Gate};
+use crate::{
+    Acquire, AdmissionConfig, AdmitSource, Cost, Counts, Descriptor, EngineCapacity, Gate, Permit,
+};
 
 fn gate(requests: usize, waiting: usize, queue: usize) -> Gate {
     Gate::new(
@@ -24,13 +26,31 @@ fn assert_empty(gate: &Gate) {
     assert_eq!(tally.received, tally.settled());
 }
 
+/// A request admitted on `gate` (a plain one: by the lane when it is open)
+/// and one queued behind it.
+fn hold_one_queue_one(gate: &Gate) -> (Permit, Acquire) {
+    let holder = block_on(gate.acquire(None)).unwrap();
+    let waiter = gate.acquire(None);
+    assert!(waiter.is_queued());
+    (holder, waiter)
+}
+
+/// Marks `holder`'s first token `times` times on another thread, which
+/// hands the permit back.
+fn first_token_elsewhere(mut holder: Permit, times: usize) -> thread::JoinHandle<Permit> {
+    thread::spawn(move || {
+        for _ in 0..times {
+            holder.first_token();
+        }
+        holder
+    })
+}
+
 #[test]
 fn a_release_on_another_thread_always_wakes_the_waiter() {
     ::loom::model(|| {
         let gate = gate(1, 1, 1);
-        let holder = block_on(gate.acquire(None)).unwrap();
-        let waiter = gate.acquire(None);
-        assert!(waiter.is_queued());
+        let (holder, waiter) = hold_one_queue_one(&gate);
         let releaser = thread::spawn(move || drop(holder));
         // Must complete: a lost wake-up would hang the model.
         let permit = block_on(waiter).unwrap();
@@ -45,14 +65,8 @@ fn a_release_on_another_thread_always_wakes_the_waiter() {
 fn a_first_token_on_another_thread_admits_the_waiter() {
     ::loom::model(|| {
         let gate = gate(2, 1, 1);
-        let mut holder = block_on(gate.acquire(None)).unwrap();
-        let waiter = gate.acquire(None);
-        assert!(waiter.is_queued());
-        let streamer = thread::spawn(move || {
-            holder.first_token();
-            holder.first_token();
-            holder
-        });
+        let (holder, waiter) = hold_one_queue_one(&gate);
+        let streamer = first_token_elsewhere(holder, 2);
         let permit = block_on(waiter).unwrap();
         let holder = streamer.join().unwrap();
         // Never past a limit: two requests, at most one waiting.
@@ -134,13 +148,10 @@ fn a_token_budget_freed_on_another_thread_admits_the_next_long_prompt() {
     ::loom::model(|| {
         let gate = Gate::new(AdmissionConfig::new().engine_waiting_token_limit(1000));
         let long = Descriptor::new().with_cost(Cost::prompt(800));
-        let mut holder = block_on(gate.acquire_with(long)).unwrap();
+        let holder = block_on(gate.acquire_with(long)).unwrap();
         let waiter = gate.acquire_with(long);
         assert!(waiter.is_queued());
-        let streamer = thread::spawn(move || {
-            holder.first_token();
-            holder
-        });
+        let streamer = first_token_elsewhere(holder, 1);
         // Must complete: the first token frees the budget.
         let permit = block_on(waiter).unwrap();
         assert!(gate.snapshot().total.engine_waiting_tokens <= 800);
@@ -194,11 +205,8 @@ fn a_lane_arrival_racing_a_locked_arrival_never_passes_the_limit() {
 fn a_lane_first_token_racing_a_locked_arrival_frees_the_waiting_place() {
     ::loom::model(|| {
         let gate = gate(2, 1, 1);
-        let mut holder = block_on(gate.acquire(None)).unwrap();
-        let streamer = thread::spawn(move || {
-            holder.first_token();
-            holder
-        });
+        let holder = block_on(gate.acquire(None)).unwrap();
+        let streamer = first_token_elsewhere(holder, 1);
         // Waiting is full until the first token: admitted after it, or
         // queued before it and admitted by it.
         let permit = block_on(gate.acquire(Some(0))).unwrap();

@@ -53,17 +53,13 @@ pub(crate) struct Observation {
     /// The event's place in the order of the gate's events: an observer that
     /// receives two observations out of order keeps the later one's values.
     pub(crate) seq: u64,
+    /// The event: whose bucket, whether its tally changed, the durations
+    /// it measured.
+    pub(crate) event: BucketEvent,
     /// The bucket the event concerned.
     pub(crate) bucket: BucketView,
-    /// Whether the event changed that bucket's tally, or only its counts.
-    pub(crate) tally_changed: bool,
     /// Other buckets whose queued requests the event admitted.
     pub(crate) offered: Vec<BucketView>,
-    /// Time in the queue of a request the event handed its admission.
-    pub(crate) queue_wait: Option<Duration>,
-    /// Admission to first token or completion, for a request whose waiting
-    /// the event ended.
-    pub(crate) engine_waiting: Option<Duration>,
     /// The whole worker's saturation after the event: every event changes
     /// it, whichever bucket it concerned.
     pub(crate) worker_saturation: f64,
@@ -112,7 +108,10 @@ pub(crate) struct BucketEvent {
     /// Whether the event changed the bucket's tally (an arrival, a
     /// hand-over, a cancellation) or only its counts (a release).
     pub(crate) tally_changed: bool,
+    /// Time in the queue of a request the event handed its admission.
     pub(crate) queue_wait: Option<Duration>,
+    /// Admission to first token or completion, for a request whose waiting
+    /// the event ended.
     pub(crate) engine_waiting: Option<Duration>,
     /// The gate's time the event was applied at, if the gate keeps time
     /// (the same reading the state was given): ages on the gate's clock
@@ -170,11 +169,9 @@ impl Observation {
         }
         let observation = Observation {
             seq: state.next_event(),
+            event,
             bucket: state.view(event.rank),
-            tally_changed: event.tally_changed,
             offered,
-            queue_wait: event.queue_wait,
-            engine_waiting: event.engine_waiting,
             worker_saturation: state.worker_saturation(),
         };
         Collected::of(state, observation, event.read_at)

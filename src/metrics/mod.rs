@@ -339,16 +339,16 @@ impl Observer for Recorder {
     fn observe(&self, observation: &Observation) -> bool {
         let (series, registered) = self.series();
         let bucket = self.bucket(series, observation.bucket.rank);
-        if let Some(waited) = observation.queue_wait {
+        if let Some(waited) = observation.event.queue_wait {
             bucket.queue_wait.record(waited.as_secs_f64());
         }
-        if let Some(waited) = observation.engine_waiting {
+        if let Some(waited) = observation.event.engine_waiting {
             bucket.engine_waiting_time.record(waited.as_secs_f64());
         }
         bucket.apply(
             observation.seq,
             &observation.bucket,
-            observation.tally_changed,
+            observation.event.tally_changed,
             None,
         );
         // Every event moves the worker's saturation, whichever bucket it
@@ -362,7 +362,7 @@ impl Observer for Recorder {
             self.bucket(series, view.rank).apply(
                 observation.seq,
                 view,
-                observation.tally_changed,
+                observation.event.tally_changed,
                 None,
             );
         }

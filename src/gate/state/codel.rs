@@ -48,7 +48,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{BucketKey, State, Status};
+use super::{BucketKey, State};
 use crate::gate::types::RejectionReason;
 
 /// The settings of controlled delay, when it is on.
@@ -173,14 +173,8 @@ impl<T> State<T> {
     /// it for its queue delay; its waiter hears of it when the driver
     /// drains.
     fn shed(&mut self, key: BucketKey, slot: usize) {
-        let demand = self.entries[slot].demand;
-        let rung = self.entries[slot].node.rung;
-        let (queue, entries) = self.queue_and_entries(key);
-        queue.remove(entries, slot, false);
-        self.unqueue(key, demand);
-        let overloaded = self.reject(key, rung, RejectionReason::QueueDelay, false);
-        self.entries[slot].status = Status::Displaced(overloaded);
-        self.offered.push(slot);
+        debug_assert_eq!(self.entries[slot].bucket, key);
+        self.turn_away(slot, RejectionReason::QueueDelay);
         self.shed = true;
     }
 }

@@ -305,7 +305,7 @@ impl<T> State<T> {
         }
         let displaced = !victims.is_empty();
         for victim in victims {
-            self.displace(victim);
+            self.turn_away(victim, RejectionReason::Displaced);
         }
         let expires_at = budget.and_then(|(budget, _)| at?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
@@ -339,15 +339,16 @@ impl<T> State<T> {
     }
 
     /// Takes the queued request at `slot` out of its queue and rejects it
-    /// as displaced; its waiter hears of it when the driver drains.
-    fn displace(&mut self, slot: Slot) {
+    /// for `reason` (displaced, or shed for its queue delay); its waiter
+    /// hears of it when the driver drains.
+    fn turn_away(&mut self, slot: Slot, reason: RejectionReason) {
         let key = self.entries[slot].bucket;
         let demand = self.entries[slot].demand;
         let rung = self.entries[slot].node.rung;
         let (queue, entries) = self.queue_and_entries(key);
         queue.remove(entries, slot, false);
         self.unqueue(key, demand);
-        let overloaded = self.reject(key, rung, RejectionReason::Displaced, false);
+        let overloaded = self.reject(key, rung, reason, false);
         self.entries[slot].status = Status::Displaced(overloaded);
         self.offered.push(slot);
     }
