@@ -9,6 +9,13 @@
 //! fits *inside* that critical section, so a newcomer can never slip in
 //! between the release and the wake-up.
 //!
+//! One kind of request skips the lock: a plain one (no rank, no cost) on
+//! a gate whose observer is idle and whose configuration keeps no time,
+//! while nothing is queued. The lock-free [`lane`](super::lane) admits it
+//! and takes back its capacity with one atomic operation per event; every
+//! critical section closes the lane and folds what it holds into the
+//! state first, so the state stays the whole truth wherever it decides.
+//!
 //! No user code runs under the lock: not a waker (woken after it), not a
 //! metrics recorder (observed after it, and contained: see
 //! [`contain`](super::observe::contain)). The sections themselves do not
