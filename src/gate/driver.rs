@@ -315,29 +315,35 @@ impl Gate {
     /// Takes the lock: closes the lane and folds what it holds and
     /// admitted into the state, so the state is the whole truth until the
     /// returned guard drops (and opens the lane again if it may).
+    #[inline]
     fn lock(&self) -> Locked<'_> {
-        // No user code runs under the lock and the state machine does not
-        // panic, so poisoning can only come from a bug; the state is still
-        // the best there is.
-        let mut state = self
-            .inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (held, admitted) = self.inner.lane.close();
-        state.fold_outside(held, admitted);
-        let mut locked = Locked {
-            state,
-            offers: Offers::default(),
-            gate: self,
-        };
-        if locked.state.has_offers() {
+        loop {
+            // No user code runs under the lock and the state machine does
+            // not panic, so poisoning can only come from a bug; the state
+            // is still the best there is.
+            let mut state = self
+                .inner
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (held, admitted) = self.inner.lane.close();
+            state.fold_outside(held, admitted);
+            let locked = Locked { state, gate: self };
+            if !locked.has_offers() {
+                return locked;
+            }
             // Capacity the lane gave back reached the queue: the fold was
-            // an event of its own, drained before the caller's.
-            let observing = self.observing();
-            take_offers(&mut locked.state, &mut locked.offers, observing);
+            // an event of its own. End it (wake, observe) before the
+            // caller's, which may be the cancellation of an offered request.
+            self.end_event_cold(locked);
         }
-        locked
+    }
+
+    /// Ends the event of a fold that admitted queued requests.
+    #[cold]
+    fn end_event_cold(&self, locked: Locked<'_>) {
+        let concerned = Concerned::Bucket(BucketEvent::tally_of(None, None));
+        self.end_event(locked, concerned, self.observing());
     }
 
     /// Whether the observer records events now; asked before the lock.
@@ -351,12 +357,15 @@ impl Gate {
     /// [`observing`](Self::observing), asked before the lock), what the
     /// observer should hear; releases the lock, wakes, and observes.
     fn end_event(&self, mut state: Locked<'_>, concerned: Concerned, observing: bool) {
+        let mut wakers = Vec::new();
+        let mut offered_ranks: Vec<Option<u32>> = Vec::new();
         if state.has_offers() {
-            take_offers(&mut state.state, &mut state.offers, observing);
+            take_offers(&mut state, &mut wakers, &mut offered_ranks, observing);
         }
         if !observing {
-            // Opens the lane if it may, unlocks, then wakes.
+            // Opens the lane if it may, and unlocks.
             drop(state);
+            wake_all(wakers);
             return;
         }
         let observer = &self.inner.observer;
@@ -365,9 +374,9 @@ impl Gate {
                 // Controlled delay's rejections change tallies at any
                 // event, in the buckets of the offers.
                 event.tally_changed |= state.take_shed();
-                let mut collected =
-                    Observation::collect(&mut *state.state, event, &state.offers.ranks);
+                let mut collected = Observation::collect(&mut *state, event, &offered_ranks);
                 drop(state);
+                wake_all(wakers);
                 let observation = collected.measure(&self.inner.clock);
                 let refresh = contain(|| observer.observe(observation));
                 collected.recycle();
@@ -378,6 +387,7 @@ impl Gate {
             Concerned::Everything => {
                 let mut collected = Configured::collect(&mut *state);
                 drop(state);
+                wake_all(wakers);
                 let configured = collected.measure(&self.inner.clock);
                 contain(|| observer.configured(configured));
             }
@@ -449,30 +459,10 @@ impl Gate {
 
 /// The gate's lock, held: the state, with the lane closed and folded in.
 /// Dropping it opens the lane again when the state offers it room and no
-/// observer wants to hear of each event, then releases the lock, then
-/// wakes the requests the critical section admitted (the fields drop in
-/// that order, after [`Drop::drop`]).
+/// observer wants to hear of each event, then releases the lock.
 struct Locked<'a> {
     state: MutexGuard<'a, State<Waiter>>,
-    offers: Offers,
     gate: &'a Gate,
-}
-
-/// The requests a critical section admitted from the queue: their wakers,
-/// woken when dropped (after the lock is released), and their ranks, for
-/// the observer.
-#[derive(Default)]
-struct Offers {
-    wakers: Vec<Waker>,
-    ranks: Vec<Option<u32>>,
-}
-
-impl Drop for Offers {
-    fn drop(&mut self) {
-        if !self.wakers.is_empty() {
-            wake_all(mem::take(&mut self.wakers));
-        }
-    }
 }
 
 impl Deref for Locked<'_> {
@@ -558,17 +548,22 @@ impl Observed for State<Waiter> {
 
 /// Marks the requests an event admitted from the queue as offered now, and
 /// takes their wakers and (for the observer) their ranks.
-fn take_offers(state: &mut State<Waiter>, offers: &mut Offers, observing: bool) {
+fn take_offers(
+    state: &mut State<Waiter>,
+    wakers: &mut Vec<Waker>,
+    offered_ranks: &mut Vec<Option<u32>>,
+    observing: bool,
+) {
     // Stamped even while nothing observes: a recorder installed while the
     // request runs records its waiting time from here.
     let now = Stamp::now();
     state.drain_offered(|rank, waiter| {
         waiter.offered_at = now;
         if let Some(waker) = waiter.waker.take() {
-            offers.wakers.push(waker);
+            wakers.push(waker);
         }
-        if observing && !offers.ranks.contains(&rank) {
-            offers.ranks.push(rank);
+        if observing && !offered_ranks.contains(&rank) {
+            offered_ranks.push(rank);
         }
     });
 }
