@@ -19,6 +19,8 @@
 
 use std::borrow::Cow;
 
+use super::bytes::{bytes_below, bytes_equal, position};
+
 /// Whether the data of one event is output or the end of the answer:
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
 /// (another JSON value, or not JSON at all).
@@ -269,20 +271,41 @@ impl<'a> Scan<'a> {
     /// Whether a value is more than a placeholder: not `null`, and not an
     /// empty string, array or object.
     fn something(&mut self) -> Option<bool> {
+        self.carries(|scan| scan.any_member(|scan, _| scan.skip_value().map(|()| true)))
+    }
+
+    /// Whether a value carries something: a scalar other than `null` or
+    /// `""`, an array with an element; an object as `object` (called after
+    /// its `{`) says.
+    fn carries(&mut self, object: impl FnOnce(&mut Self) -> Option<bool>) -> Option<bool> {
         Some(match self.value()? {
             Value::Null => false,
             Value::Scalar => true,
             Value::String(text) => !text.is_empty(),
-            Value::Array => self.any_element()?,
-            Value::Object => {
+            Value::Array => {
                 let mut any = false;
-                self.members(|scan, _| {
+                self.elements(|scan| {
                     any = true;
                     scan.skip_value()
                 })?;
                 any
             }
+            Value::Object => object(self)?,
         })
+    }
+
+    /// Whether `member` says yes of any member of an object, after its `{`.
+    /// It reads every member's value, as serde_json does.
+    fn any_member(
+        &mut self,
+        mut member: impl FnMut(&mut Self, JsonStr<'a>) -> Option<bool>,
+    ) -> Option<bool> {
+        let mut any = false;
+        self.members(|scan, name| {
+            any |= member(scan, name)?;
+            Some(())
+        })?;
+        Some(any)
     }
 
     /// Whether a value is the string `expected`.
@@ -305,23 +328,14 @@ impl<'a> Scan<'a> {
     /// does when not empty; an object (Anthropic's `{"type":"text_delta",
     /// "text":"…"}`) when a member other than `type` carries something.
     fn payload(&mut self) -> Option<bool> {
-        Some(match self.value()? {
-            Value::Null => false,
-            Value::Scalar => true,
-            Value::String(text) => !text.is_empty(),
-            Value::Array => self.any_element()?,
-            Value::Object => {
-                let mut any = false;
-                self.members(|scan, name| {
-                    if &*name.text() == "type" {
-                        scan.skip_value()
-                    } else {
-                        any |= scan.something()?;
-                        Some(())
-                    }
-                })?;
-                any
-            }
+        self.carries(|scan| {
+            scan.any_member(|scan, name| {
+                if &*name.text() == "type" {
+                    scan.skip_value().map(|()| false)
+                } else {
+                    scan.something()
+                }
+            })
         })
     }
 
@@ -383,17 +397,6 @@ impl<'a> Scan<'a> {
             Some(())
         })?;
         Some(carries.contains(&true))
-    }
-
-    /// Whether an array, after its `[`, has any element; the elements are
-    /// skipped.
-    fn any_element(&mut self) -> Option<bool> {
-        let mut any = false;
-        self.elements(|scan| {
-            any = true;
-            scan.skip_value()
-        })?;
-        Some(any)
     }
 
     /// Reads to its end a value the judgement reads but does not look into
@@ -655,34 +658,11 @@ impl<'a> Scan<'a> {
 /// character (or its length): eight bytes at a time, since strings are
 /// most of a chunk's bytes.
 fn plain_len(bytes: &[u8]) -> usize {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
-    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
-    const SPACES: u64 = u64::from_ne_bytes([b' '; 8]);
-    /// The high bit of each byte of `word` below `n` (`n` repeated in each
-    /// byte, at most 0x80), and maybe of bytes after the first such one,
-    /// which do not matter.
-    fn bytes_below(word: u64, n: u64) -> u64 {
-        word.wrapping_sub(n) & !word & HIGHS
-    }
-    let mut chunks = bytes.chunks_exact(8);
-    let mut start = 0;
-    for chunk in &mut chunks {
-        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-        let found = bytes_below(word ^ QUOTES, ONES)
-            | bytes_below(word ^ BACKSLASHES, ONES)
-            | bytes_below(word, SPACES);
-        if found != 0 {
-            return start + (found.trailing_zeros() / 8) as usize;
-        }
-        start += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&byte| byte == b'"' || byte == b'\\' || byte < b' ')
-        .map_or(bytes.len(), |offset| start + offset)
+    position(
+        bytes,
+        |word| bytes_equal(word, b'"') | bytes_equal(word, b'\\') | bytes_below(word, b' '),
+        |byte| byte == b'"' || byte == b'\\' || byte < b' ',
+    )
 }
 
 /// The containers a skipped value is nested in, innermost last: a bit each

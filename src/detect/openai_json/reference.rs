@@ -56,7 +56,7 @@ judge!(
             ]))? {
                 match key {
                     Some(0) => error = map.next_value_seed(Something)?,
-                    Some(1) => object_is_error = map.next_value_seed(StrIs("error"))?,
+                    Some(1) => object_is_error = map.next_value_seed(IsError)?,
                     Some(2) => choices = map.next_value_seed(Choices)?,
                     Some(3) => kind = map.next_value_seed(KindOf)?,
                     Some(4) => delta = map.next_value_seed(Payload)?,
@@ -121,21 +121,15 @@ judge!(
     }
 );
 
-/// Whether a value is the string given.
-struct StrIs(&'static str);
-
-impl<'de> Visitor<'de> for StrIs {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
+judge!(
+    /// Whether a value is the string `error`.
+    IsError -> bool {
+        fn visit_str<E>(self, text: &str) -> Result<bool, E> {
+            Ok(text == "error")
+        }
+        answer_json!(false; numbers, unit, arrays, objects);
     }
-
-    fn visit_str<E>(self, text: &str) -> Result<bool, E> {
-        Ok(text == self.0)
-    }
-    answer_json!(false; numbers, unit, arrays, objects);
-}
+);
 
 judge!(
     /// What an event's `type` says.
@@ -229,4 +223,4 @@ judge!(
     }
 );
 
-seed_any!(Something, StrIs, KindOf, Payload, Choices, Choice, Delta);
+seed_any!(Something, IsError, KindOf, Payload, Choices, Choice, Delta);
