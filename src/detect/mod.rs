@@ -30,7 +30,6 @@
 
 mod any_data;
 mod auto;
-mod bytes;
 mod grpc;
 mod media_type;
 mod openai_json;

@@ -19,23 +19,21 @@
 
 use std::borrow::Cow;
 
-use super::bytes::{bytes_below, bytes_equal, position};
-
 /// Whether the data of one event is output or the end of the answer:
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
 /// (another JSON value, or not JSON at all).
 pub(super) fn object_ends_waiting(data: &[u8]) -> Option<bool> {
-    // Invalid UTF-8 anywhere makes the document invalid JSON. Checked up
-    // front, the scan can read bytes and still slice strings out as `str`.
-    let text = std::str::from_utf8(data).ok()?;
-    let mut scan = Scan { text, at: 0 };
+    // Invalid UTF-8 anywhere makes the document invalid JSON. Outside
+    // strings JSON is ASCII, which the scan checks byte by byte; a string
+    // with other bytes is checked as UTF-8 when it is read.
+    let mut scan = Scan { bytes: data, at: 0 };
     // Any value but an object is `None`, whether or not it is valid JSON.
     if scan.peek()? != b'{' {
         return None;
     }
     let judged = scan.event()?;
     scan.skip_whitespace();
-    (scan.at == text.len()).then_some(judged)
+    (scan.at == data.len()).then_some(judged)
 }
 
 /// The delta members that carry generated output.
@@ -134,14 +132,15 @@ enum Value<'a> {
 /// A string as written between its quotes, known to be valid.
 #[derive(Clone, Copy)]
 struct JsonStr<'a> {
-    raw: &'a str,
+    raw: &'a [u8],
     /// Whether `raw` holds an escape, so differs from the string it means.
     escaped: bool,
 }
 
 impl<'a> JsonStr<'a> {
-    /// The string meant; copied only when it is written with escapes.
-    fn text(self) -> Cow<'a, str> {
+    /// The string meant, as UTF-8; copied only when written with escapes.
+    #[inline]
+    fn meaning(self) -> Cow<'a, [u8]> {
         if self.escaped {
             Cow::Owned(unescape(self.raw))
         } else {
@@ -150,19 +149,20 @@ impl<'a> JsonStr<'a> {
     }
 
     /// Whether the string meant is empty: every escape means a character.
+    #[inline]
     fn is_empty(self) -> bool {
         self.raw.is_empty()
     }
 }
 
-/// The string a checked string's raw text means (lone surrogates, which a
-/// checked string cannot hold, would become U+FFFD).
-fn unescape(raw: &str) -> String {
-    let mut text = String::with_capacity(raw.len());
+/// The string, as UTF-8, that a checked string's raw text means (lone
+/// surrogates, which a checked string cannot hold, would become U+FFFD).
+fn unescape(raw: &[u8]) -> Vec<u8> {
+    let mut text = Vec::with_capacity(raw.len());
     let mut rest = raw;
-    while let Some(backslash) = rest.find('\\') {
-        text.push_str(&rest[..backslash]);
-        let escape = rest.as_bytes().get(backslash + 1..).unwrap_or_default();
+    while let Some(backslash) = rest.iter().position(|&byte| byte == b'\\') {
+        text.extend_from_slice(&rest[..backslash]);
+        let escape = &rest[backslash + 1..];
         let (meant, len) = match escape.first() {
             Some(b'u') => {
                 let unit = hex_unit(escape.get(1..5)).unwrap_or(0xFFFD);
@@ -186,10 +186,11 @@ fn unescape(raw: &str) -> String {
             Some(&byte) => (Some(char::from(byte)), 1),
             None => (None, 0),
         };
-        text.push(meant.unwrap_or(char::REPLACEMENT_CHARACTER));
-        rest = rest.get(backslash + 1 + len..).unwrap_or_default();
+        let meant = meant.unwrap_or(char::REPLACEMENT_CHARACTER);
+        text.extend_from_slice(meant.encode_utf8(&mut [0; 4]).as_bytes());
+        rest = escape.get(len..).unwrap_or_default();
     }
-    text.push_str(rest);
+    text.extend_from_slice(rest);
     text
 }
 
@@ -216,19 +217,17 @@ enum Surrogates {
 /// A position in a document; each method reads one piece of JSON and
 /// returns `None` where the document is not valid JSON.
 struct Scan<'a> {
-    text: &'a str,
+    bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Scan<'a> {
-    fn bytes(&self) -> &'a [u8] {
-        self.text.as_bytes()
-    }
-
+    #[inline]
     fn byte(&self) -> Option<u8> {
-        self.bytes().get(self.at).copied()
+        self.bytes.get(self.at).copied()
     }
 
+    #[inline]
     fn skip_whitespace(&mut self) {
         while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.byte() {
             self.at += 1;
@@ -236,6 +235,7 @@ impl<'a> Scan<'a> {
     }
 
     /// The next byte after whitespace, not taken.
+    #[inline]
     fn peek(&mut self) -> Option<u8> {
         self.skip_whitespace();
         self.byte()
@@ -255,12 +255,12 @@ impl<'a> Scan<'a> {
         let mut kind = Kind::default();
         let mut delta = false;
         self.members(|scan, name| {
-            match &*name.text() {
-                "error" => error = scan.something()?,
-                "object" => object_is_error = scan.is_str("error")?,
-                "choices" => choices = scan.choices()?,
-                "type" => kind = scan.kind()?,
-                "delta" => delta = scan.payload()?,
+            match &*name.meaning() {
+                b"error" => error = scan.something()?,
+                b"object" => object_is_error = scan.is_str(b"error")?,
+                b"choices" => choices = scan.choices()?,
+                b"type" => kind = scan.kind()?,
+                b"delta" => delta = scan.payload()?,
                 _ => scan.skip_value()?,
             }
             Some(())
@@ -309,9 +309,9 @@ impl<'a> Scan<'a> {
     }
 
     /// Whether a value is the string `expected`.
-    fn is_str(&mut self, expected: &str) -> Option<bool> {
+    fn is_str(&mut self, expected: &[u8]) -> Option<bool> {
         match self.value()? {
-            Value::String(text) => Some(text.text() == expected),
+            Value::String(text) => Some(*text.meaning() == *expected),
             other => self.drain(other).map(|()| false),
         }
     }
@@ -319,7 +319,10 @@ impl<'a> Scan<'a> {
     /// What an event's `type` says.
     fn kind(&mut self) -> Option<Kind> {
         match self.value()? {
-            Value::String(kind) => Some(kind_of(&kind.text())),
+            // The meaning of a valid string is UTF-8.
+            Value::String(kind) => {
+                Some(std::str::from_utf8(&kind.meaning()).map_or(Kind::Other, kind_of))
+            }
             other => self.drain(other).map(|()| Kind::Unnamed),
         }
     }
@@ -330,7 +333,7 @@ impl<'a> Scan<'a> {
     fn payload(&mut self) -> Option<bool> {
         self.carries(|scan| {
             scan.any_member(|scan, name| {
-                if &*name.text() == "type" {
+                if *name.meaning() == *b"type" {
                     scan.skip_value().map(|()| false)
                 } else {
                     scan.something()
@@ -366,10 +369,10 @@ impl<'a> Scan<'a> {
         let mut text = false;
         let mut delta = false;
         self.members(|scan, name| {
-            match &*name.text() {
-                "finish_reason" => finished = scan.something()?,
-                "text" => text = scan.something()?,
-                "delta" => delta = scan.delta()?,
+            match &*name.meaning() {
+                b"finish_reason" => finished = scan.something()?,
+                b"text" => text = scan.something()?,
+                b"delta" => delta = scan.delta()?,
                 _ => scan.skip_value()?,
             }
             Some(())
@@ -386,10 +389,10 @@ impl<'a> Scan<'a> {
         }
         let mut carries = [false; OUTPUT_DELTA_MEMBERS.len()];
         self.members(|scan, name| {
-            let name = name.text();
+            let name = name.meaning();
             match OUTPUT_DELTA_MEMBERS
                 .iter()
-                .position(|member| **member == *name)
+                .position(|member| member.as_bytes() == &*name)
             {
                 Some(member) => carries[member] = scan.something()?,
                 None => scan.skip_value()?,
@@ -482,6 +485,12 @@ impl<'a> Scan<'a> {
     /// per level of nesting (on the heap only past 64 levels), with strings'
     /// surrogates and numbers' range unchecked.
     fn skip_value(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'"' => return self.string(Surrogates::Unchecked).map(drop),
+            b'n' => return self.literal("null"),
+            b'[' | b'{' => {}
+            first => return self.scalar(first, false),
+        }
         let mut open = Nesting::default();
         loop {
             match self.peek()? {
@@ -548,7 +557,7 @@ impl<'a> Scan<'a> {
 
     fn literal(&mut self, word: &str) -> Option<()> {
         let end = self.at + word.len();
-        (self.bytes().get(self.at..end)? == word.as_bytes()).then(|| self.at = end)
+        (self.bytes.get(self.at..end)? == word.as_bytes()).then(|| self.at = end)
     }
 
     /// A number, as JSON writes it.
@@ -579,8 +588,8 @@ impl<'a> Scan<'a> {
         // it. Anything else (rare where the judgement reads) is read by
         // serde_json itself, whose features decide what is out of range.
         if checked && (self.at != integer || self.at - start > 20) {
-            let number = self.text.get(start..self.at)?;
-            let mut deserializer = serde_json::Deserializer::from_str(number);
+            let number = self.bytes.get(start..self.at)?;
+            let mut deserializer = serde_json::Deserializer::from_slice(number);
             serde::Deserializer::deserialize_any(&mut deserializer, serde::de::IgnoredAny).ok()?;
         }
         Some(())
@@ -600,28 +609,51 @@ impl<'a> Scan<'a> {
     }
 
     /// A string, at its opening quote, through its closing one: no control
-    /// characters, only JSON's escapes.
+    /// characters, only JSON's escapes, valid UTF-8. Plain bytes are passed
+    /// over eight at a time, since strings are most of a chunk's bytes.
     fn string(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
-        self.at += 1;
-        let start = self.at;
+        const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+        let bytes = self.bytes;
+        let start = self.at + 1;
+        let mut at = start;
         let mut escaped = false;
+        // The bytes passed over, OR-ed: their high bits say whether all
+        // were ASCII.
+        let mut seen = 0;
         loop {
-            self.at += plain_len(&self.bytes()[self.at..]);
-            match self.byte()? {
-                b'"' => {
-                    let raw = self.text.get(start..self.at)?;
-                    self.at += 1;
-                    return Some(JsonStr { raw, escaped });
+            while let Some(&eight) = bytes.get(at..).and_then(|rest| rest.first_chunk::<8>()) {
+                let word = u64::from_le_bytes(eight);
+                let stops = stops_in(word);
+                if stops != 0 {
+                    let plain = stops.trailing_zeros() / 8;
+                    seen |= word & ((1 << (plain * 8)) - 1);
+                    at += plain as usize;
+                    break;
                 }
+                seen |= word;
+                at += 8;
+            }
+            match *bytes.get(at)? {
+                b'"' => break,
                 b'\\' => {
                     escaped = true;
-                    self.at += 1;
+                    self.at = at + 1;
                     self.escape(surrogates)?;
+                    at = self.at;
                 }
-                // A control character.
-                _ => return None,
+                0..=0x1F => return None,
+                byte => {
+                    seen |= u64::from(byte);
+                    at += 1;
+                }
             }
         }
+        let raw = &bytes[start..at];
+        self.at = at + 1;
+        if seen & HIGH_BITS != 0 {
+            std::str::from_utf8(raw).ok()?;
+        }
+        Some(JsonStr { raw, escaped })
     }
 
     /// An escape, after its `\`.
@@ -648,21 +680,23 @@ impl<'a> Scan<'a> {
     }
 
     fn hex_unit(&mut self) -> Option<u16> {
-        let unit = hex_unit(self.bytes().get(self.at..self.at + 4))?;
+        let unit = hex_unit(self.bytes.get(self.at..self.at + 4))?;
         self.at += 4;
         Some(unit)
     }
 }
 
-/// How many bytes of `bytes` come before the first `"`, `\` or control
-/// character (or its length): eight bytes at a time, since strings are
-/// most of a chunk's bytes.
-fn plain_len(bytes: &[u8]) -> usize {
-    position(
-        bytes,
-        |word| bytes_equal(word, b'"') | bytes_equal(word, b'\\') | bytes_below(word, b' '),
-        |byte| byte == b'"' || byte == b'\\' || byte < b' ',
-    )
+/// The high bit of each byte of `word` (read little-endian) that stops a
+/// string's plain run: `"`, `\` or a control character. Bytes after the
+/// first such one may be marked wrongly; they do not matter.
+fn stops_in(word: u64) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Bytes below `n`: a borrow only runs on from a byte that is below.
+    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGH_BITS;
+    below(word ^ (ONES * u64::from(b'"')), 1)
+        | below(word ^ (ONES * u64::from(b'\\')), 1)
+        | below(word, b' ')
 }
 
 /// The containers a skipped value is nested in, innermost last: a bit each

@@ -4,7 +4,6 @@
 use std::ops::Range;
 
 use super::FirstTokenDetector;
-use super::bytes::{bytes_equal, position};
 use super::media_type::media_type;
 use super::openai_json::object_ends_waiting;
 
@@ -134,6 +133,19 @@ impl OpenAiSse {
         self
     }
 
+    /// Reads the body by the response's media type (`None`: no
+    /// `content-type`), as [`on_response`](FirstTokenDetector::on_response)
+    /// does; for a caller that has read it already.
+    pub(super) fn read_media_type(&mut self, essence: Option<&[u8]>) {
+        if self.mode == Mode::Done {
+            return;
+        }
+        self.mode = match essence {
+            Some(essence) if !essence.eq_ignore_ascii_case(b"text/event-stream") => Mode::AnyData,
+            _ => Mode::EventStream,
+        };
+    }
+
     fn finish(&mut self) {
         self.mode = Mode::Done;
         self.parser = EventParser::default();
@@ -148,13 +160,7 @@ impl Default for OpenAiSse {
 
 impl FirstTokenDetector for OpenAiSse {
     fn on_response(&mut self, head: &http::response::Parts) {
-        if self.mode == Mode::Done {
-            return;
-        }
-        self.mode = match media_type(head) {
-            Some(essence) if !essence.eq_ignore_ascii_case(b"text/event-stream") => Mode::AnyData,
-            _ => Mode::EventStream,
-        };
+        self.read_media_type(media_type(head));
     }
 
     fn on_data(&mut self, data: &[u8]) -> Option<usize> {
@@ -403,11 +409,30 @@ impl EventParser {
 /// The index of the first `\r` or `\n` in `bytes`, or its length: eight
 /// bytes at a time, since event data is most of an event stream's bytes.
 fn line_end(bytes: &[u8]) -> usize {
-    position(
-        bytes,
-        |word| bytes_equal(word, b'\r') | bytes_equal(word, b'\n'),
-        |byte| byte == b'\r' || byte == b'\n',
-    )
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const CRS: u64 = u64::from_ne_bytes([b'\r'; 8]);
+    const LFS: u64 = u64::from_ne_bytes([b'\n'; 8]);
+    /// The high bit of each zero byte of `word` (and maybe of bytes after
+    /// the first zero one, which do not matter).
+    fn zero_bytes(word: u64) -> u64 {
+        word.wrapping_sub(ONES) & !word & HIGHS
+    }
+    let mut chunks = bytes.chunks_exact(8);
+    let mut start = 0;
+    for chunk in &mut chunks {
+        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        let found = zero_bytes(word ^ CRS) | zero_bytes(word ^ LFS);
+        if found != 0 {
+            return start + (found.trailing_zeros() / 8) as usize;
+        }
+        start += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&byte| byte == b'\r' || byte == b'\n')
+        .map_or(bytes.len(), |offset| start + offset)
 }
 
 /// Whether the data of one dispatched event is output or the end of the
