@@ -254,14 +254,14 @@ impl<'a> Scan<'a> {
         let mut choices = None;
         let mut kind = Kind::default();
         let mut delta = false;
-        self.members(|scan, name| {
-            match &*name.meaning() {
-                b"error" => error = scan.something()?,
-                b"object" => object_is_error = scan.is_str(b"error")?,
-                b"choices" => choices = scan.choices()?,
-                b"type" => kind = scan.kind()?,
-                b"delta" => delta = scan.payload()?,
-                _ => scan.skip_value()?,
+        let names: [&[u8]; 5] = [b"error", b"object", b"choices", b"type", b"delta"];
+        self.named_members(&names, |scan, member| {
+            match member {
+                0 => error = scan.something()?,
+                1 => object_is_error = scan.is_str(b"error")?,
+                2 => choices = scan.choices()?,
+                3 => kind = scan.kind()?,
+                _ => delta = scan.payload()?,
             }
             Some(())
         })?;
@@ -368,12 +368,12 @@ impl<'a> Scan<'a> {
         let mut finished = false;
         let mut text = false;
         let mut delta = false;
-        self.members(|scan, name| {
-            match &*name.meaning() {
-                b"finish_reason" => finished = scan.something()?,
-                b"text" => text = scan.something()?,
-                b"delta" => delta = scan.delta()?,
-                _ => scan.skip_value()?,
+        let names: [&[u8]; 3] = [b"finish_reason", b"text", b"delta"];
+        self.named_members(&names, |scan, member| {
+            match member {
+                0 => finished = scan.something()?,
+                1 => text = scan.something()?,
+                _ => delta = scan.delta()?,
             }
             Some(())
         })?;
@@ -388,15 +388,9 @@ impl<'a> Scan<'a> {
             return self.drain(value).map(|()| false);
         }
         let mut carries = [false; OUTPUT_DELTA_MEMBERS.len()];
-        self.members(|scan, name| {
-            let name = name.meaning();
-            match OUTPUT_DELTA_MEMBERS
-                .iter()
-                .position(|member| member.as_bytes() == &*name)
-            {
-                Some(member) => carries[member] = scan.something()?,
-                None => scan.skip_value()?,
-            }
+        let names = OUTPUT_DELTA_MEMBERS.map(str::as_bytes);
+        self.named_members(&names, |scan, member| {
+            carries[member] = scan.something()?;
             Some(())
         })?;
         Some(carries.contains(&true))
@@ -426,25 +420,9 @@ impl<'a> Scan<'a> {
         Some(value)
     }
 
-    /// The elements of an array, after its `[`: `element` reads each, and
-    /// this the commas between them and the closing `]`.
-    fn elements(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
-        if self.peek()? == b']' {
-            self.at += 1;
-            return Some(());
-        }
-        loop {
-            // A `]` after a comma is no value: `element` refuses it.
-            element(self)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                b']' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
+    /// The elements of an array, after its `[`: `element` reads each.
+    fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.items(b']', element)
     }
 
     /// The members of an object, after its `{`: each name is read as a
@@ -453,22 +431,47 @@ impl<'a> Scan<'a> {
         &mut self,
         mut member: impl FnMut(&mut Self, JsonStr<'a>) -> Option<()>,
     ) -> Option<()> {
-        if self.peek()? == b'}' {
+        self.items(b'}', |scan| {
+            let name = scan.name(Surrogates::Checked)?;
+            member(scan, name)
+        })
+    }
+
+    /// Items up to `close`: `item` reads each, and this the commas between
+    /// them and `close`. After a comma, `item` refuses `close`: JSON has no
+    /// trailing commas.
+    fn items(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        if self.peek()? == close {
             self.at += 1;
             return Some(());
         }
         loop {
-            let name = self.name(Surrogates::Checked)?;
-            member(self, name)?;
+            item(self)?;
             match self.peek()? {
                 b',' => self.at += 1,
-                b'}' => {
+                byte if byte == close => {
                     self.at += 1;
                     return Some(());
                 }
                 _ => return None,
             }
         }
+    }
+
+    /// The members of an object, after its `{`: `read` reads the value of
+    /// each member named `names[i]`, given `i`; the others are skipped.
+    fn named_members(
+        &mut self,
+        names: &[&[u8]],
+        mut read: impl FnMut(&mut Self, usize) -> Option<()>,
+    ) -> Option<()> {
+        self.members(|scan, name| {
+            let name = name.meaning();
+            match names.iter().position(|candidate| **candidate == *name) {
+                Some(member) => read(scan, member),
+                None => scan.skip_value(),
+            }
+        })
     }
 
     /// A member's name and the `:` after it.
@@ -485,39 +488,27 @@ impl<'a> Scan<'a> {
     /// per level of nesting (on the heap only past 64 levels), with strings'
     /// surrogates and numbers' range unchecked.
     fn skip_value(&mut self) -> Option<()> {
-        match self.peek()? {
-            b'"' => return self.string(Surrogates::Unchecked).map(drop),
-            b'n' => return self.literal("null"),
-            b'[' | b'{' => {}
-            first => return self.scalar(first, false),
+        let first = self.peek()?;
+        if !matches!(first, b'[' | b'{') {
+            return self.skip_scalar(first);
         }
         let mut open = Nesting::default();
         loop {
             match self.peek()? {
-                b'[' => {
+                bracket @ (b'[' | b'{') => {
                     self.at += 1;
-                    if self.peek()? == b']' {
+                    let object = bracket == b'{';
+                    if self.peek()? == if object { b'}' } else { b']' } {
                         self.at += 1;
                     } else {
-                        open.push(false);
+                        open.push(object);
+                        if object {
+                            self.name(Surrogates::Unchecked)?;
+                        }
                         continue;
                     }
                 }
-                b'{' => {
-                    self.at += 1;
-                    if self.peek()? == b'}' {
-                        self.at += 1;
-                    } else {
-                        open.push(true);
-                        self.name(Surrogates::Unchecked)?;
-                        continue;
-                    }
-                }
-                b'"' => {
-                    self.string(Surrogates::Unchecked)?;
-                }
-                b'n' => self.literal("null")?,
-                first => self.scalar(first, false)?,
+                first => self.skip_scalar(first)?,
             }
             // A value has ended: close what it ends, or go on to the next.
             loop {
@@ -541,6 +532,16 @@ impl<'a> Scan<'a> {
                     _ => return None,
                 }
             }
+        }
+    }
+
+    /// A string, `null`, `true`, `false` or a number, starting with
+    /// `first`, as serde_json ignores one.
+    fn skip_scalar(&mut self, first: u8) -> Option<()> {
+        match first {
+            b'"' => self.string(Surrogates::Unchecked).map(drop),
+            b'n' => self.literal("null"),
+            first => self.scalar(first, false),
         }
     }
 

@@ -93,15 +93,24 @@ impl<'de> Visitor<'de> for KeyIs {
     }
 }
 
-judge!(
-    /// Whether a value is more than a placeholder: not `null`, and not an
-    /// empty string, array or object.
-    Something -> bool {
+/// The visitor methods of a judge of whether a value carries something,
+/// for scalars: a number or boolean does, `null` does not, a string does
+/// when not empty.
+macro_rules! scalars_carry {
+    () => {
         answer_json!(true; numbers);
         answer_json!(false; unit);
         fn visit_str<E>(self, text: &str) -> Result<bool, E> {
             Ok(!text.is_empty())
         }
+    };
+}
+
+judge!(
+    /// Whether a value is more than a placeholder: not `null`, and not an
+    /// empty string, array or object.
+    Something -> bool {
+        scalars_carry!();
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
             let mut any = false;
@@ -144,11 +153,7 @@ judge!(
 judge!(
     /// An event's `delta`: whether it carries a payload.
     Payload -> bool {
-        answer_json!(true; numbers);
-        answer_json!(false; unit);
-        fn visit_str<E>(self, text: &str) -> Result<bool, E> {
-            Ok(!text.is_empty())
-        }
+        scalars_carry!();
         fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
             Something.visit_seq(seq)
         }
