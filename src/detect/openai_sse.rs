@@ -264,7 +264,7 @@ impl EventParser {
             if byte == b'\r' || byte == b'\n' {
                 self.after_cr = byte == b'\r';
                 index += 1;
-                if self.end_line(frame, max_event_bytes, pending) {
+                if self.end_line(frame, index - 1, max_event_bytes, pending) {
                     return Some(index);
                 }
                 continue;
@@ -317,10 +317,12 @@ impl EventParser {
         None
     }
 
-    /// The line just ended; returns whether it ended waiting.
+    /// The line that just ended at `frame[line_end]`; returns whether it
+    /// ended waiting.
     fn end_line(
         &mut self,
         frame: &[u8],
+        line_end: usize,
         max_event_bytes: usize,
         pending: &mut Option<Range<usize>>,
     ) -> bool {
@@ -334,13 +336,14 @@ impl EventParser {
         }
         match std::mem::take(&mut self.field) {
             // This line's value is the `pending` data (a data line with a
-            // value buffers any earlier one first): it stays pending, its
-            // `\n` implied, within the bound.
+            // value buffers any earlier one first; one whose value is empty
+            // leaves an earlier line pending, which ended before this one):
+            // it stays pending, its `\n` implied, within the bound.
             Field::Data
                 if position == LinePosition::Value
-                    && pending
-                        .as_ref()
-                        .is_some_and(|range| range.len() < max_event_bytes) => {}
+                    && pending.as_ref().is_some_and(|range| {
+                        range.end == line_end && range.len() < max_event_bytes
+                    }) => {}
             Field::Data => {
                 // Pending data counts with its implied `\n`, as it would
                 // once buffered: the bound is met alike however the stream

@@ -745,3 +745,17 @@ fn a_data_line_meets_the_bound_alike_in_its_frame_and_buffered() {
     let decided = decide_any_split(&detector, b"data:123456789\ndata\n+");
     assert_eq!(decided, Some(20), "the empty data line crosses the bound");
 }
+
+/// An empty data line (`data: ` and its line end) after a data line kept in
+/// its frame adds its `\n` too: it is not the kept line's value (a case the
+/// fuzzer found: the whole stream crossed the bound one byte later than
+/// the same stream split before the first line's end).
+#[test]
+fn an_empty_data_line_after_one_in_its_frame_counts_toward_the_bound() {
+    let detector = OpenAiSse::new().max_event_bytes(10);
+    assert_eq!(
+        decide_any_split(&detector, b"data:123456789\ndata: \n+"),
+        Some(22),
+        "the empty data line's newline crosses the bound"
+    );
+}
