@@ -66,7 +66,7 @@ impl FirstTokenDetector for Auto {
         self.chosen = match media_type(head) {
             Some(essence) if essence.eq_ignore_ascii_case(b"text/event-stream") => {
                 let mut detector = self.sse.clone();
-                detector.on_response(head);
+                detector.read_media_type(Some(essence));
                 Chosen::Sse(detector)
             }
             Some(essence) if is_grpc(essence) => {

@@ -133,6 +133,19 @@ impl OpenAiSse {
         self
     }
 
+    /// Reads the body by the response's media type (`None`: no
+    /// `content-type`), as [`on_response`](FirstTokenDetector::on_response)
+    /// does; for a caller that has read it already.
+    pub(super) fn read_media_type(&mut self, essence: Option<&[u8]>) {
+        if self.mode == Mode::Done {
+            return;
+        }
+        self.mode = match essence {
+            Some(essence) if !essence.eq_ignore_ascii_case(b"text/event-stream") => Mode::AnyData,
+            _ => Mode::EventStream,
+        };
+    }
+
     fn finish(&mut self) {
         self.mode = Mode::Done;
         self.parser = EventParser::default();
@@ -147,13 +160,7 @@ impl Default for OpenAiSse {
 
 impl FirstTokenDetector for OpenAiSse {
     fn on_response(&mut self, head: &http::response::Parts) {
-        if self.mode == Mode::Done {
-            return;
-        }
-        self.mode = match media_type(head) {
-            Some(essence) if !essence.eq_ignore_ascii_case(b"text/event-stream") => Mode::AnyData,
-            _ => Mode::EventStream,
-        };
+        self.read_media_type(media_type(head));
     }
 
     fn on_data(&mut self, data: &[u8]) -> Option<usize> {
@@ -257,7 +264,7 @@ impl EventParser {
             if byte == b'\r' || byte == b'\n' {
                 self.after_cr = byte == b'\r';
                 index += 1;
-                if self.end_line(frame, max_event_bytes, pending) {
+                if self.end_line(frame, index - 1, max_event_bytes, pending) {
                     return Some(index);
                 }
                 continue;
@@ -310,10 +317,12 @@ impl EventParser {
         None
     }
 
-    /// The line just ended; returns whether it ended waiting.
+    /// The line that just ended at `frame[line_end]`; returns whether it
+    /// ended waiting.
     fn end_line(
         &mut self,
         frame: &[u8],
+        line_end: usize,
         max_event_bytes: usize,
         pending: &mut Option<Range<usize>>,
     ) -> bool {
@@ -327,13 +336,14 @@ impl EventParser {
         }
         match std::mem::take(&mut self.field) {
             // This line's value is the `pending` data (a data line with a
-            // value buffers any earlier one first): it stays pending, its
-            // `\n` implied, within the bound.
+            // value buffers any earlier one first; one whose value is empty
+            // leaves an earlier line pending, which ended before this one):
+            // it stays pending, its `\n` implied, within the bound.
             Field::Data
                 if position == LinePosition::Value
-                    && pending
-                        .as_ref()
-                        .is_some_and(|range| range.len() < max_event_bytes) => {}
+                    && pending.as_ref().is_some_and(|range| {
+                        range.end == line_end && range.len() < max_event_bytes
+                    }) => {}
             Field::Data => {
                 // Pending data counts with its implied `\n`, as it would
                 // once buffered: the bound is met alike however the stream

@@ -3,10 +3,18 @@ use super::*;
 
 /// One gRPC message of `len` bytes, with its header.
 fn message(len: u32) -> Vec<u8> {
-    let mut message = vec![0];
-    message.extend_from_slice(&len.to_be_bytes());
-    message.resize(5 + len as usize, b'm');
-    message
+    messages(&[len])
+}
+
+/// gRPC messages of the lengths given, one after the other.
+fn messages(lens: &[u32]) -> Vec<u8> {
+    let mut stream = Vec::new();
+    for &len in lens {
+        stream.push(0);
+        stream.extend_from_slice(&len.to_be_bytes());
+        stream.resize(stream.len() + len as usize, b'm');
+    }
+    stream
 }
 
 /// The absolute offset of the decision on `stream`, checked to be the
@@ -36,9 +44,7 @@ fn decide_any_split(stream: &[u8]) -> Option<usize> {
 
 #[test]
 fn waiting_ends_at_the_last_byte_of_the_first_message() {
-    let mut stream = message(7);
-    stream.extend(message(3));
-    assert_eq!(decide_any_split(&stream), Some(12));
+    assert_eq!(decide_any_split(&messages(&[7, 3])), Some(12));
 }
 
 #[test]
@@ -49,9 +55,7 @@ fn a_header_or_a_partial_message_does_not_end_waiting() {
 
 #[test]
 fn an_empty_message_ends_waiting_at_the_end_of_its_header() {
-    let mut stream = message(0);
-    stream.extend(message(3));
-    assert_eq!(decide_any_split(&stream), Some(5));
+    assert_eq!(decide_any_split(&messages(&[0, 3])), Some(5));
 }
 
 #[test]

@@ -573,21 +573,16 @@ mod value_oracle {
         }
     }
 
+    /// Only an object carries anything: `Value::get` finds no member in
+    /// any other value.
     fn choice_ends_waiting(choice: &Value) -> bool {
-        let Some(choice) = choice.as_object() else {
-            return false;
-        };
-        let finished = choice.get("finish_reason").is_some_and(carries_something);
-        let text = choice.get("text").is_some_and(carries_something);
-        let delta = choice
-            .get("delta")
-            .and_then(Value::as_object)
-            .is_some_and(|delta| {
-                OUTPUT_DELTA_MEMBERS
-                    .iter()
-                    .any(|member| delta.get(*member).is_some_and(carries_something))
-            });
-        finished || text || delta
+        let carries = |value: Option<&Value>| value.is_some_and(carries_something);
+        let delta = choice.get("delta").and_then(Value::as_object);
+        carries(choice.get("finish_reason"))
+            || carries(choice.get("text"))
+            || OUTPUT_DELTA_MEMBERS
+                .iter()
+                .any(|member| carries(delta.and_then(|delta| delta.get(*member))))
     }
 
     /// Whether a member's value is more than a placeholder: not `null`, and
@@ -608,26 +603,28 @@ mod judge_agrees_with_the_value_oracle {
     use serde_json::{Map, Value};
 
     fn json() -> impl Strategy<Value = Value> {
-        let names = prop_oneof![
-            Just("choices"),
-            Just("delta"),
-            Just("content"),
-            Just("role"),
-            Just("reasoning_content"),
-            Just("reasoning"),
-            Just("refusal"),
-            Just("tool_calls"),
-            Just("function_call"),
-            Just("finish_reason"),
-            Just("text"),
-            Just("error"),
-            Just("object"),
-            Just("type"),
-            Just("usage"),
-            Just("index"),
-            Just("partial_json"),
-            Just("thinking"),
-        ];
+        let names = prop::sample::select(
+            &[
+                "choices",
+                "delta",
+                "content",
+                "role",
+                "reasoning_content",
+                "reasoning",
+                "refusal",
+                "tool_calls",
+                "function_call",
+                "finish_reason",
+                "text",
+                "error",
+                "object",
+                "type",
+                "usage",
+                "index",
+                "partial_json",
+                "thinking",
+            ][..],
+        );
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
@@ -747,4 +744,18 @@ fn a_data_line_meets_the_bound_alike_in_its_frame_and_buffered() {
     detector.on_response(&head(Some("text/event-stream")));
     let decided = decide_any_split(&detector, b"data:123456789\ndata\n+");
     assert_eq!(decided, Some(20), "the empty data line crosses the bound");
+}
+
+/// An empty data line (`data: ` and its line end) after a data line kept in
+/// its frame adds its `\n` too: it is not the kept line's value (a case the
+/// fuzzer found: the whole stream crossed the bound one byte later than
+/// the same stream split before the first line's end).
+#[test]
+fn an_empty_data_line_after_one_in_its_frame_counts_toward_the_bound() {
+    let detector = OpenAiSse::new().max_event_bytes(10);
+    assert_eq!(
+        decide_any_split(&detector, b"data:123456789\ndata: \n+"),
+        Some(22),
+        "the empty data line's newline crosses the bound"
+    );
 }
