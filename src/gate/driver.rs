@@ -24,22 +24,20 @@
 use std::fmt;
 use std::future::Future;
 use std::mem;
-use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 use std::sync::PoisonError;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 // Model-checked under `--cfg loom` (see `loom_tests.rs`).
 #[cfg(loom)]
-use ::loom::sync::{Arc, Mutex, MutexGuard};
+use ::loom::sync::{Arc, Mutex};
 #[cfg(not(loom))]
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use super::lane::Lane;
-use super::observe::{
-    Arrived, BucketEvent, BucketView, Configured, Observation, Observed, Observer, Stamp, contain,
-};
+use super::locked::{Locked, Waiter, stamp_queued, take_offers, wake_all};
+use super::observe::{BucketEvent, Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
 use super::state::{Arrival, Expiry, Grant, Polled, State, Ticket};
 use super::types::{Descriptor, Overloaded, Snapshot};
@@ -79,16 +77,6 @@ struct Inner {
     /// A stamp taken when the gate was built: what a queued request's
     /// arrival stamp holds until it is stamped (see [`stamp_queued`]).
     built: Stamp,
-}
-
-/// What the gate keeps for each queued request.
-#[derive(Debug)]
-pub(crate) struct Waiter {
-    waker: Option<Waker>,
-    queued_at: Stamp,
-    /// When the request was offered an admission (its arrival until then):
-    /// its time in the queue ends and its engine waiting time begins.
-    offered_at: Stamp,
 }
 
 /// Whom an event concerned, for its observation.
@@ -321,14 +309,12 @@ impl Gate {
             // No user code runs under the lock and the state machine does
             // not panic, so poisoning can only come from a bug; the state
             // is still the best there is.
-            let mut state = self
+            let state = self
                 .inner
                 .state
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let (held, admitted) = self.inner.lane.close();
-            state.fold_outside(held, admitted);
-            let locked = Locked { state, gate: self };
+            let locked = Locked::new(state, &self.inner.lane, &self.inner.observer);
             if !locked.has_offers() {
                 return locked;
             }
@@ -457,41 +443,6 @@ impl Gate {
     }
 }
 
-/// The gate's lock, held: the state, with the lane closed and folded in.
-/// Dropping it opens the lane again when the state offers it room and no
-/// observer wants to hear of each event, then releases the lock.
-struct Locked<'a> {
-    state: MutexGuard<'a, State<Waiter>>,
-    gate: &'a Gate,
-}
-
-impl Deref for Locked<'_> {
-    type Target = State<Waiter>;
-
-    #[inline]
-    fn deref(&self) -> &State<Waiter> {
-        &self.state
-    }
-}
-
-impl DerefMut for Locked<'_> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut State<Waiter> {
-        &mut self.state
-    }
-}
-
-impl Drop for Locked<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        if let Some(room) = self.state.outside_room() {
-            if !self.gate.observing() {
-                self.gate.inner.lane.open(room);
-            }
-        }
-    }
-}
-
 /// Logs the limits in force, outside the gate's lock (a subscriber is user
 /// code).
 fn log_limits(in_force: &LimitsInForce, why: &str) {
@@ -506,97 +457,6 @@ fn log_limits(in_force: &LimitsInForce, why: &str) {
         combined_request_queue_limit = combined.request_queue_limit,
         "admission limits in force ({why}): {in_force}"
     );
-}
-
-impl Observed for State<Waiter> {
-    #[inline]
-    fn next_event(&mut self) -> u64 {
-        State::next_event(self)
-    }
-
-    #[inline]
-    fn view(&self, rank: Option<u32>) -> BucketView {
-        self.view().bucket(rank)
-    }
-
-    fn worker_saturation(&self) -> f64 {
-        State::saturation(self, None)
-    }
-
-    #[inline]
-    fn oldest_arrival(&self, rank: Option<u32>) -> Option<Arrived> {
-        self.view()
-            .oldest_queued(rank)
-            .map(|(queued_at, waiter)| match queued_at {
-                Some(at) => Arrived::Gate(at),
-                None => Arrived::Stamp(waiter.queued_at),
-            })
-    }
-
-    fn limits(&self) -> Limits {
-        self.view().limits()
-    }
-
-    fn recognised_ranks(&self) -> usize {
-        self.view().recognised_ranks()
-    }
-
-    fn known_ranks(&self) -> usize {
-        self.view().known_ranks()
-    }
-}
-
-/// Marks the requests an event admitted from the queue as offered now, and
-/// takes their wakers and (for the observer) their ranks.
-fn take_offers(
-    state: &mut State<Waiter>,
-    wakers: &mut Vec<Waker>,
-    offered_ranks: &mut Vec<Option<u32>>,
-    observing: bool,
-) {
-    // Stamped even while nothing observes: a recorder installed while the
-    // request runs records its waiting time from here.
-    let now = Stamp::now();
-    state.drain_offered(|rank, waiter| {
-        waiter.offered_at = now;
-        if let Some(waker) = waiter.waker.take() {
-            wakers.push(waker);
-        }
-        if observing && !offered_ranks.contains(&rank) {
-            offered_ranks.push(rank);
-        }
-    });
-}
-
-/// Stamps the arrival of the queued request of `ticket`, whose arrival
-/// was not stamped (nothing observed it).
-#[cold]
-fn stamp_queued(state: &mut State<Waiter>, ticket: Ticket) {
-    if let Some(waiter) = state.payload_mut(ticket) {
-        let now = Stamp::now();
-        waiter.queued_at = now;
-        waiter.offered_at = now;
-    }
-}
-
-/// Wakes every waker; should one panic, the rest are still woken while
-/// the panic unwinds.
-fn wake_all(wakers: Vec<Waker>) {
-    let mut pending = WakeOnDrop(wakers.into_iter());
-    for waker in &mut pending.0 {
-        waker.wake();
-    }
-}
-
-/// Wakes whatever wakers are left when dropped.
-struct WakeOnDrop(std::vec::IntoIter<Waker>);
-
-impl Drop for WakeOnDrop {
-    fn drop(&mut self) {
-        for waker in &mut self.0 {
-            waker.wake();
-        }
-    }
 }
 
 /// The decision on one request; resolves to a [`Permit`] once admitted.

@@ -10,6 +10,7 @@
 
 mod driver;
 mod lane;
+mod locked;
 pub(crate) mod observe;
 mod permit;
 pub(crate) mod state;

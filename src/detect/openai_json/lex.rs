@@ -1,0 +1,450 @@
+//! The JSON lexing under the chunk judge: reading a value the judgement
+//! visits, skipping one it ignores, strings with their escapes checked as
+//! serde_json checks them, and numbers; all without building anything.
+
+use std::borrow::Cow;
+
+use super::Scan;
+
+/// The start of a value the judgement reads: a scalar read whole (and
+/// checked as serde_json checks a value it visits), or the opening bracket
+/// of an array or object, whose contents the caller reads.
+pub(super) enum Value<'a> {
+    Null,
+    /// `true`, `false` or a number.
+    Scalar,
+    String(JsonStr<'a>),
+    Array,
+    Object,
+}
+
+/// A string as written between its quotes, known to be valid.
+#[derive(Clone, Copy)]
+pub(super) struct JsonStr<'a> {
+    raw: &'a [u8],
+    /// Whether `raw` holds an escape, so differs from the string it means.
+    escaped: bool,
+}
+
+impl<'a> JsonStr<'a> {
+    /// The string meant, as UTF-8; copied only when written with escapes.
+    #[inline]
+    pub(super) fn meaning(self) -> Cow<'a, [u8]> {
+        if self.escaped {
+            Cow::Owned(unescape(self.raw))
+        } else {
+            Cow::Borrowed(self.raw)
+        }
+    }
+
+    /// Whether the string meant is empty: every escape means a character.
+    #[inline]
+    pub(super) fn is_empty(self) -> bool {
+        self.raw.is_empty()
+    }
+}
+
+/// The string, as UTF-8, that a checked string's raw text means (lone
+/// surrogates, which a checked string cannot hold, would become U+FFFD).
+pub(super) fn unescape(raw: &[u8]) -> Vec<u8> {
+    let mut text = Vec::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(backslash) = rest.iter().position(|&byte| byte == b'\\') {
+        text.extend_from_slice(&rest[..backslash]);
+        let escape = &rest[backslash + 1..];
+        let (meant, len) = match escape.first() {
+            Some(b'u') => {
+                let unit = hex_unit(escape.get(1..5)).unwrap_or(0xFFFD);
+                match (unit, escape.get(5..7), hex_unit(escape.get(7..11))) {
+                    (0xD800..=0xDBFF, Some(b"\\u"), Some(low @ 0xDC00..=0xDFFF)) => {
+                        let high = u32::from(unit - 0xD800) << 10;
+                        (
+                            char::from_u32(0x1_0000 + high + u32::from(low - 0xDC00)),
+                            11,
+                        )
+                    }
+                    _ => (char::from_u32(u32::from(unit)), 5),
+                }
+            }
+            Some(b'b') => (Some('\u{8}'), 1),
+            Some(b'f') => (Some('\u{c}'), 1),
+            Some(b'n') => (Some('\n'), 1),
+            Some(b'r') => (Some('\r'), 1),
+            Some(b't') => (Some('\t'), 1),
+            // `"`, `\` and `/` mean themselves.
+            Some(&byte) => (Some(char::from(byte)), 1),
+            None => (None, 0),
+        };
+        let meant = meant.unwrap_or(char::REPLACEMENT_CHARACTER);
+        text.extend_from_slice(meant.encode_utf8(&mut [0; 4]).as_bytes());
+        rest = escape.get(len..).unwrap_or_default();
+    }
+    text.extend_from_slice(rest);
+    text
+}
+
+/// The UTF-16 unit four hex digits write.
+pub(super) fn hex_unit(digits: Option<&[u8]>) -> Option<u16> {
+    let digits = digits?;
+    if digits.len() != 4 {
+        return None;
+    }
+    digits.iter().try_fold(0u16, |unit, &digit| {
+        let value = char::from(digit).to_digit(16)?;
+        Some(unit << 4 | value as u16)
+    })
+}
+
+/// Whether a string's surrogate escapes are checked: serde_json refuses a
+/// lone surrogate in a string it visits, not in one it ignores.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Surrogates {
+    Checked,
+    Unchecked,
+}
+
+impl<'a> Scan<'a> {
+    /// Reads to its end a value the judgement reads but does not look into
+    /// (a `type` that is an object, say): an array's elements are skipped,
+    /// an object's member names read as strings and its values skipped.
+    pub(super) fn drain(&mut self, value: Value<'a>) -> Option<()> {
+        match value {
+            Value::Array => self.elements(Self::skip_value),
+            Value::Object => self.members(|scan, _| scan.skip_value()),
+            Value::Null | Value::Scalar | Value::String(_) => Some(()),
+        }
+    }
+
+    /// Reads the start of a value the judgement reads.
+    pub(super) fn value(&mut self) -> Option<Value<'a>> {
+        let value = match self.peek()? {
+            b'[' => Value::Array,
+            b'{' => Value::Object,
+            b'"' => return self.string(Surrogates::Checked).map(Value::String),
+            b'n' => return self.literal("null").map(|()| Value::Null),
+            first => return self.scalar(first, true).map(|()| Value::Scalar),
+        };
+        self.at += 1;
+        Some(value)
+    }
+
+    /// The elements of an array, after its `[`: `element` reads each.
+    pub(super) fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.items(b']', element)
+    }
+
+    /// The members of an object, after its `{`: each name is read as a
+    /// string serde_json visits, and `member` reads its value.
+    pub(super) fn members(
+        &mut self,
+        mut member: impl FnMut(&mut Self, JsonStr<'a>) -> Option<()>,
+    ) -> Option<()> {
+        self.items(b'}', |scan| {
+            let name = scan.name(Surrogates::Checked)?;
+            member(scan, name)
+        })
+    }
+
+    /// Items up to `close`: `item` reads each, and this the commas between
+    /// them and `close`. After a comma, `item` refuses `close`: JSON has no
+    /// trailing commas.
+    pub(super) fn items(
+        &mut self,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Option<()>,
+    ) -> Option<()> {
+        if self.peek()? == close {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                byte if byte == close => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The members of an object, after its `{`: `read` reads the value of
+    /// each member named `names[i]`, given `i`; the others are skipped.
+    pub(super) fn named_members(
+        &mut self,
+        names: &[&[u8]],
+        mut read: impl FnMut(&mut Self, usize) -> Option<()>,
+    ) -> Option<()> {
+        self.members(|scan, name| {
+            let name = name.meaning();
+            match names.iter().position(|candidate| **candidate == *name) {
+                Some(member) => read(scan, member),
+                None => scan.skip_value(),
+            }
+        })
+    }
+
+    /// A member's name and the `:` after it.
+    pub(super) fn name(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        let name = self.string(surrogates)?;
+        self.take(b':')?;
+        Some(name)
+    }
+
+    /// Skips a value as serde_json ignores one: to any depth, keeping a bit
+    /// per level of nesting (on the heap only past 64 levels), with strings'
+    /// surrogates and numbers' range unchecked.
+    pub(super) fn skip_value(&mut self) -> Option<()> {
+        let first = self.peek()?;
+        if !matches!(first, b'[' | b'{') {
+            return self.skip_scalar(first);
+        }
+        let mut open = Nesting::default();
+        loop {
+            match self.peek()? {
+                bracket @ (b'[' | b'{') => {
+                    self.at += 1;
+                    let object = bracket == b'{';
+                    if self.peek()? == if object { b'}' } else { b']' } {
+                        self.at += 1;
+                    } else {
+                        open.push(object);
+                        if object {
+                            self.name(Surrogates::Unchecked)?;
+                        }
+                        continue;
+                    }
+                }
+                first => self.skip_scalar(first)?,
+            }
+            // A value has ended: close what it ends, or go on to the next.
+            loop {
+                let Some(object) = open.innermost() else {
+                    return Some(());
+                };
+                match (self.peek()?, object) {
+                    (b',', false) => {
+                        self.at += 1;
+                        break;
+                    }
+                    (b',', true) => {
+                        self.at += 1;
+                        self.name(Surrogates::Unchecked)?;
+                        break;
+                    }
+                    (b']', false) | (b'}', true) => {
+                        self.at += 1;
+                        open.pop();
+                    }
+                    _ => return None,
+                }
+            }
+        }
+    }
+
+    /// A string, `null`, `true`, `false` or a number, starting with
+    /// `first`, as serde_json ignores one.
+    pub(super) fn skip_scalar(&mut self, first: u8) -> Option<()> {
+        match first {
+            b'"' => self.string(Surrogates::Unchecked).map(drop),
+            b'n' => self.literal("null"),
+            first => self.scalar(first, false),
+        }
+    }
+
+    /// `true`, `false` or a number, starting with `first`. A number is
+    /// `checked` as serde_json checks one it visits: it must fit an `f64`.
+    pub(super) fn scalar(&mut self, first: u8, checked: bool) -> Option<()> {
+        match first {
+            b't' => self.literal("true"),
+            b'f' => self.literal("false"),
+            b'-' | b'0'..=b'9' => self.number(checked),
+            _ => None,
+        }
+    }
+
+    pub(super) fn literal(&mut self, word: &str) -> Option<()> {
+        let end = self.at + word.len();
+        (self.bytes.get(self.at..end)? == word.as_bytes()).then(|| self.at = end)
+    }
+
+    /// A number, as JSON writes it.
+    pub(super) fn number(&mut self, checked: bool) -> Option<()> {
+        let start = self.at;
+        if self.byte() == Some(b'-') {
+            self.at += 1;
+        }
+        match self.byte()? {
+            // One leading zero, no more.
+            b'0' => self.at += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return None,
+        }
+        let integer = self.at;
+        if self.byte() == Some(b'.') {
+            self.at += 1;
+            self.some_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.byte() {
+            self.at += 1;
+            if let Some(b'+' | b'-') = self.byte() {
+                self.at += 1;
+            }
+            self.some_digits()?;
+        }
+        // An integer of up to 20 characters fits any way serde_json reads
+        // it. Anything else (rare where the judgement reads) is read by
+        // serde_json itself, whose features decide what is out of range.
+        if checked && (self.at != integer || self.at - start > 20) {
+            let number = self.bytes.get(start..self.at)?;
+            let mut deserializer = serde_json::Deserializer::from_slice(number);
+            serde::Deserializer::deserialize_any(&mut deserializer, serde::de::IgnoredAny).ok()?;
+        }
+        Some(())
+    }
+
+    pub(super) fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.byte() {
+            self.at += 1;
+        }
+    }
+
+    /// At least one digit.
+    pub(super) fn some_digits(&mut self) -> Option<()> {
+        let start = self.at;
+        self.digits();
+        (self.at > start).then_some(())
+    }
+
+    /// A string, at its opening quote, through its closing one: no control
+    /// characters, only JSON's escapes, valid UTF-8. Plain bytes are passed
+    /// over eight at a time, since strings are most of a chunk's bytes.
+    pub(super) fn string(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
+        const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+        let bytes = self.bytes;
+        let start = self.at + 1;
+        let mut at = start;
+        let mut escaped = false;
+        // The bytes passed over, OR-ed: their high bits say whether all
+        // were ASCII.
+        let mut seen = 0;
+        loop {
+            while let Some(&eight) = bytes.get(at..).and_then(|rest| rest.first_chunk::<8>()) {
+                let word = u64::from_le_bytes(eight);
+                let stops = stops_in(word);
+                if stops != 0 {
+                    let plain = stops.trailing_zeros() / 8;
+                    seen |= word & ((1 << (plain * 8)) - 1);
+                    at += plain as usize;
+                    break;
+                }
+                seen |= word;
+                at += 8;
+            }
+            match *bytes.get(at)? {
+                b'"' => break,
+                b'\\' => {
+                    escaped = true;
+                    self.at = at + 1;
+                    self.escape(surrogates)?;
+                    at = self.at;
+                }
+                0..=0x1F => return None,
+                byte => {
+                    seen |= u64::from(byte);
+                    at += 1;
+                }
+            }
+        }
+        let raw = &bytes[start..at];
+        self.at = at + 1;
+        if seen & HIGH_BITS != 0 {
+            std::str::from_utf8(raw).ok()?;
+        }
+        Some(JsonStr { raw, escaped })
+    }
+
+    /// An escape, after its `\`.
+    pub(super) fn escape(&mut self, surrogates: Surrogates) -> Option<()> {
+        let letter = self.byte()?;
+        self.at += 1;
+        match letter {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(()),
+            b'u' => {
+                let unit = self.hex_unit()?;
+                match (surrogates, unit) {
+                    (Surrogates::Unchecked, _) => Some(()),
+                    (Surrogates::Checked, 0xDC00..=0xDFFF) => None,
+                    // A high surrogate: a low one must follow.
+                    (Surrogates::Checked, 0xD800..=0xDBFF) => {
+                        self.literal("\\u")?;
+                        matches!(self.hex_unit()?, 0xDC00..=0xDFFF).then_some(())
+                    }
+                    (Surrogates::Checked, _) => Some(()),
+                }
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) fn hex_unit(&mut self) -> Option<u16> {
+        let unit = hex_unit(self.bytes.get(self.at..self.at + 4))?;
+        self.at += 4;
+        Some(unit)
+    }
+}
+
+/// The high bit of each byte of `word` (read little-endian) that stops a
+/// string's plain run: `"`, `\` or a control character. Bytes after the
+/// first such one may be marked wrongly; they do not matter.
+pub(super) fn stops_in(word: u64) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Bytes below `n`: a borrow only runs on from a byte that is below.
+    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGH_BITS;
+    below(word ^ (ONES * u64::from(b'"')), 1)
+        | below(word ^ (ONES * u64::from(b'\\')), 1)
+        | below(word, b' ')
+}
+
+/// The containers a skipped value is nested in, innermost last: a bit each
+/// (`true` for an object), in a word for the first 64 levels.
+#[derive(Default)]
+pub(super) struct Nesting {
+    depth: usize,
+    objects: u64,
+    deeper: Vec<bool>,
+}
+
+impl Nesting {
+    pub(super) fn push(&mut self, object: bool) {
+        if self.depth < 64 {
+            self.objects = self.objects & !(1 << self.depth) | u64::from(object) << self.depth;
+        } else {
+            self.deeper.push(object);
+        }
+        self.depth += 1;
+    }
+
+    pub(super) fn pop(&mut self) {
+        self.depth -= 1;
+        if self.depth >= 64 {
+            self.deeper.pop();
+        }
+    }
+
+    /// Whether the innermost container is an object; `None` outside all.
+    pub(super) fn innermost(&self) -> Option<bool> {
+        let level = self.depth.checked_sub(1)?;
+        if level < 64 {
+            Some(self.objects >> level & 1 == 1)
+        } else {
+            self.deeper.last().copied()
+        }
+    }
+}
