@@ -102,6 +102,9 @@ pub(crate) trait Observed {
 
 /// An event that concerned one bucket, with the durations it measured.
 #[derive(Debug, Clone, Copy)]
+// The durations are read only by observers, and there is none without the
+// `metrics` feature.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) struct BucketEvent {
     /// The bucket's rank, `None` for the unranked requests.
     pub(crate) rank: Option<u32>,
