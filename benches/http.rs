@@ -15,17 +15,16 @@
 //! Run: `cargo bench --bench http`
 
 use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
 use std::hint::black_box;
-use std::pin::{Pin, pin};
-use std::task::{Context, Poll, Waker};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group};
-use http::{Request, Response};
+use http::Request;
 use http_body::{Body, Frame, SizeHint};
+use tower::Layer;
 use tower::limit::ConcurrencyLimit;
-use tower::{Layer, Service};
 use tower_admission::detect::AnyData;
 use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
 
@@ -33,6 +32,7 @@ const EVENTS: usize = 20;
 
 /// An OpenAI chat completion stream: a role chunk, content chunks, a
 /// finish chunk, `[DONE]`.
+#[derive(Default)]
 struct ChatStream {
     sent: usize,
 }
@@ -67,77 +67,33 @@ impl Body for ChatStream {
     }
 }
 
-#[derive(Clone)]
-struct Chat;
-
-impl Service<Request<()>> for Chat {
-    type Response = Response<ChatStream>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<ChatStream>, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _req: Request<()>) -> Self::Future {
-        let mut response = Response::new(ChatStream { sent: 0 });
-        response.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/event-stream"),
-        );
-        ready(Ok(response))
-    }
-}
-
-/// One request's whole life: readiness, call, response, every frame.
-fn one_request<S, B>(service: &mut S) -> usize
-where
-    S: Service<Request<()>, Response = Response<B>>,
-    S::Error: std::fmt::Debug,
-    B: Body<Data = Bytes>,
-    B::Error: std::fmt::Debug,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    let Poll::Ready(Ok(())) = service.poll_ready(&mut cx) else {
-        panic!("service not ready")
-    };
-    let future = pin!(service.call(Request::new(())));
-    let Poll::Ready(Ok(response)) = future.poll(&mut cx) else {
-        panic!("no response")
-    };
-    let mut body = pin!(response.into_body());
-    let mut bytes = 0;
-    loop {
-        match body.as_mut().poll_frame(&mut cx) {
-            Poll::Ready(Some(Ok(frame))) => bytes += frame.into_data().map_or(0, |d| d.len()),
-            Poll::Ready(None) => return bytes,
-            _ => panic!("the body stalled or failed"),
-        }
-    }
-}
+/// The chat service the layers wrap: it formats each event.
+type Chat = sse_chat::Chat<ChatStream>;
 
 fn streaming_request(c: &mut Criterion) {
     let mut group = c.benchmark_group("sse_20_events");
 
-    let mut bare = Chat;
-    group.bench_function("bare", |b| b.iter(|| black_box(one_request(&mut bare))));
+    let mut bare = Chat::new();
+    group.bench_function("bare", |b| {
+        b.iter(|| black_box(one_request(&mut bare, Request::new(()))))
+    });
 
-    let mut limited = ConcurrencyLimit::new(Chat, 10_000);
+    let mut limited = ConcurrencyLimit::new(Chat::new(), 10_000);
     group.bench_function("concurrency_limit", |b| {
-        b.iter(|| black_box(one_request(&mut limited)))
+        b.iter(|| black_box(one_request(&mut limited, Request::new(()))))
     });
 
     let gate = Gate::new(AdmissionConfig::new());
-    let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat);
+    let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat::new());
     group.bench_function("admission/auto", |b| {
-        b.iter(|| black_box(one_request(&mut admission)))
+        b.iter(|| black_box(one_request(&mut admission, Request::new(()))))
     });
 
     let mut admission_any = AdmissionLayer::new(gate.clone())
         .detector(AnyData)
-        .layer(Chat);
+        .layer(Chat::new());
     group.bench_function("admission/any_data", |b| {
-        b.iter(|| black_box(one_request(&mut admission_any)))
+        b.iter(|| black_box(one_request(&mut admission_any, Request::new(()))))
     });
 
     group.finish();
@@ -148,26 +104,26 @@ fn streaming_request(c: &mut Criterion) {
 /// cannot skew.
 fn interleaved() {
     let gate = Gate::new(AdmissionConfig::new());
-    let mut bare = Chat;
-    let mut limited = ConcurrencyLimit::new(Chat, 10_000);
-    let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat);
+    let mut bare = Chat::new();
+    let mut limited = ConcurrencyLimit::new(Chat::new(), 10_000);
+    let mut admission = AdmissionLayer::new(gate.clone()).layer(Chat::new());
     let mut admission_any = AdmissionLayer::new(gate.clone())
         .detector(AnyData)
-        .layer(Chat);
+        .layer(Chat::new());
     support::print_table(
         "one 20-event SSE request",
         &mut [
             ("bare", &mut || {
-                black_box(one_request(&mut bare));
+                black_box(one_request(&mut bare, Request::new(())));
             }),
             ("tower ConcurrencyLimit", &mut || {
-                black_box(one_request(&mut limited));
+                black_box(one_request(&mut limited, Request::new(())));
             }),
             ("Admission, default detector (Auto: OpenAiSse)", &mut || {
-                black_box(one_request(&mut admission));
+                black_box(one_request(&mut admission, Request::new(())));
             }),
             ("Admission, AnyData detector", &mut || {
-                black_box(one_request(&mut admission_any));
+                black_box(one_request(&mut admission_any, Request::new(())));
             }),
         ],
     );
@@ -176,6 +132,11 @@ fn interleaved() {
 
 #[path = "support/mod.rs"]
 mod support;
+
+#[path = "../tests/support/sse_chat.rs"]
+mod sse_chat;
+
+use sse_chat::one_request;
 
 criterion_group!(benches, streaming_request);
 

@@ -8,9 +8,8 @@
 #![cfg(feature = "http")]
 
 use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
-use std::pin::{Pin, pin};
-use std::task::{Context, Poll, Waker};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -21,6 +20,8 @@ use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
 
 #[path = "support/alloc.rs"]
 mod alloc;
+#[path = "support/sse_chat.rs"]
+mod sse_chat;
 use alloc::{Counting, thread_allocations};
 
 #[global_allocator]
@@ -35,6 +36,7 @@ const EVENTS: [&str; 5] = [
 ];
 
 /// An event stream whose frames are static: it allocates nothing itself.
+#[derive(Default)]
 struct Events {
     sent: usize,
 }
@@ -59,27 +61,8 @@ impl Body for Events {
     }
 }
 
-#[derive(Clone)]
-struct Chat;
-
-impl Service<Request<()>> for Chat {
-    type Response = Response<Events>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<Events>, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _req: Request<()>) -> Self::Future {
-        let mut response = Response::new(Events { sent: 0 });
-        response.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/event-stream"),
-        );
-        ready(Ok(response))
-    }
-}
+/// The chat service the layers wrap: its frames are static.
+type Chat = sse_chat::Chat<Events>;
 
 /// A request whose extension map exists already, as it does in axum and
 /// hyper servers by the time a layer sees it.
@@ -98,18 +81,7 @@ where
     let mut request = Request::new(());
     request.extensions_mut().insert(Marker);
     let before = thread_allocations();
-    let mut cx = Context::from_waker(Waker::noop());
-    let Poll::Ready(Ok(())) = service.poll_ready(&mut cx) else {
-        panic!("service not ready")
-    };
-    let future = pin!(service.call(request));
-    let Poll::Ready(Ok(response)) = future.poll(&mut cx) else {
-        panic!("no response")
-    };
-    let mut body = pin!(response.into_body());
-    while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
-        frame.expect("no error");
-    }
+    sse_chat::one_request(service, request);
     thread_allocations() - before
 }
 
@@ -133,12 +105,12 @@ fn an_admitted_request_allocates_its_cell_and_its_two_extensions() {
     let gate = Gate::new(AdmissionConfig::new());
     let mut any_data = AdmissionLayer::new(gate.clone())
         .detector(AnyData)
-        .layer(Chat);
+        .layer(Chat::new());
     // The `FirstToken` cell, and a box each for the `Admitted` and
     // `FirstToken` extensions; the bare service allocates its response's
     // header map.
     assert_eq!(
-        allocations_per_request(&mut any_data) - allocations_per_request(&mut Chat),
+        allocations_per_request(&mut any_data) - allocations_per_request(&mut Chat::new()),
         3
     );
 }
@@ -146,8 +118,10 @@ fn an_admitted_request_allocates_its_cell_and_its_two_extensions() {
 #[test]
 fn judging_events_whole_in_their_frames_allocates_nothing() {
     let gate = Gate::new(AdmissionConfig::new());
-    let mut auto = AdmissionLayer::new(gate.clone()).layer(Chat);
-    let mut any_data = AdmissionLayer::new(gate).detector(AnyData).layer(Chat);
+    let mut auto = AdmissionLayer::new(gate.clone()).layer(Chat::new());
+    let mut any_data = AdmissionLayer::new(gate)
+        .detector(AnyData)
+        .layer(Chat::new());
     assert_eq!(
         allocations_per_request(&mut auto),
         allocations_per_request(&mut any_data),
