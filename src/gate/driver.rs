@@ -321,21 +321,22 @@ impl Gate {
             // Capacity the lane gave back reached the queue: the fold was
             // an event of its own. End it (wake, observe) before the
             // caller's, which may be the cancellation of an offered request.
-            self.end_event_cold(locked);
+            self.end_lane_event(locked, self.observing());
         }
     }
 
-    /// Ends the event of a fold that admitted queued requests.
+    /// Ends an event of the lane seen under the lock (a give-back, or the
+    /// fold of one): it concerned the unranked bucket, whose tallies the
+    /// fold may have changed.
     #[cold]
-    fn end_event_cold(&self, locked: Locked<'_>) {
-        let concerned = Concerned::Bucket(BucketEvent::tally_of(None, None));
-        self.end_event(locked, concerned, self.observing());
+    fn end_lane_event(&self, locked: Locked<'_>, observing: bool) {
+        self.end_event(locked, Concerned::tally_of(None, None), observing);
     }
 
     /// Whether the observer records events now; asked before the lock.
     #[inline]
     fn observing(&self) -> bool {
-        DefaultObserver::ENABLED && self.inner.observer.active()
+        self.inner.observer.records()
     }
 
     /// Ends a critical section: collects the wakers of the requests the
@@ -417,8 +418,7 @@ impl Gate {
             if closed || observing {
                 // Something may wait for the capacity (the lock passes it
                 // on), or the observer wants the counts.
-                let concerned = Concerned::Bucket(BucketEvent::tally_of(None, None));
-                self.end_event(self.lock(), concerned, observing);
+                self.end_lane_event(self.lock(), observing);
             }
             return;
         }

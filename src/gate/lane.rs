@@ -17,7 +17,7 @@
 //! `requests` and `waiting` are the capacity the lane's grants hold;
 //! `admitted` counts its admissions since the state last heard of them;
 //! the rooms are how much the lane may hold in all, set by the state when
-//! the lane is opened ([`Room`]).
+//! the lane is opened ([`Slots`]).
 //!
 //! # Invariants
 //!
@@ -49,7 +49,7 @@ use ::loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::state::{Outside, Room};
+use super::state::Slots;
 
 const ADMITTED: u32 = 0;
 const REQUESTS: u32 = 7;
@@ -118,7 +118,7 @@ impl Lane {
     /// was closed: then the state must hear of it, under the lock, and
     /// pass the capacity on to the queue.
     #[inline]
-    pub(super) fn give_back(&self, released: Outside) -> bool {
+    pub(super) fn give_back(&self, released: Slots) -> bool {
         let delta =
             ((released.requests as u64) << REQUESTS) | ((released.waiting as u64) << WAITING);
         if delta == 0 {
@@ -131,7 +131,7 @@ impl Lane {
     /// how many requests it admitted since it was last closed, which the
     /// caller now counts.
     #[inline]
-    pub(super) fn close(&self) -> (Outside, u64) {
+    pub(super) fn close(&self) -> (Slots, u64) {
         let mut word = self.word.load(Ordering::Acquire);
         if word & OPEN != 0 {
             // Open: admissions may race this; take the word as it is
@@ -141,7 +141,7 @@ impl Lane {
                 .word
                 .fetch_and(!(OPEN | (ADMITTED_MAX << ADMITTED)), Ordering::AcqRel);
         }
-        let held = Outside {
+        let held = Slots {
             requests: field(word, REQUESTS) as usize,
             waiting: field(word, WAITING) as usize,
         };
@@ -150,7 +150,7 @@ impl Lane {
 
     /// Opens the closed lane with `room`, under the gate's lock.
     #[inline]
-    pub(super) fn open(&self, room: Room) {
+    pub(super) fn open(&self, room: Slots) {
         let clamp = |room: usize| (room as u64).min(FIELD_MAX);
         let rooms = (clamp(room.requests) << ROOM_REQUESTS) | (clamp(room.waiting) << ROOM_WAITING);
         let keep = mask(REQUESTS) | mask(WAITING) | (ADMITTED_MAX << ADMITTED);
@@ -174,19 +174,15 @@ impl Lane {
 mod tests {
     use super::*;
 
-    fn room(requests: usize, waiting: usize) -> Room {
-        Room { requests, waiting }
-    }
-
-    fn held(requests: usize, waiting: usize) -> Outside {
-        Outside { requests, waiting }
+    fn slots(requests: usize, waiting: usize) -> Slots {
+        Slots { requests, waiting }
     }
 
     #[test]
     fn a_closed_lane_admits_nothing() {
         let lane = Lane::new();
         assert!(!lane.try_admit());
-        lane.open(room(1, 1));
+        lane.open(slots(1, 1));
         let _ = lane.close();
         assert!(!lane.try_admit());
     }
@@ -194,72 +190,72 @@ mod tests {
     #[test]
     fn an_open_lane_admits_up_to_its_rooms_and_no_further() {
         let lane = Lane::new();
-        lane.open(room(3, 2));
+        lane.open(slots(3, 2));
         assert!(lane.try_admit());
         assert!(lane.try_admit());
         assert!(!lane.try_admit(), "the waiting room is full");
         // A first token frees a waiting place; the request room still has one.
-        assert!(!lane.give_back(held(0, 1)));
+        assert!(!lane.give_back(slots(0, 1)));
         assert!(lane.try_admit());
         assert!(!lane.try_admit(), "the request room is full");
-        assert_eq!(lane.close(), (held(3, 2), 3));
+        assert_eq!(lane.close(), (slots(3, 2), 3));
     }
 
     #[test]
     fn closing_hands_over_the_admissions_once() {
         let lane = Lane::new();
-        lane.open(room(10, 10));
+        lane.open(slots(10, 10));
         assert!(lane.try_admit());
-        assert_eq!(lane.close(), (held(1, 1), 1));
-        assert_eq!(lane.close(), (held(1, 1), 0), "counted once");
-        lane.open(room(10, 10));
-        assert_eq!(lane.close(), (held(1, 1), 0));
+        assert_eq!(lane.close(), (slots(1, 1), 1));
+        assert_eq!(lane.close(), (slots(1, 1), 0), "counted once");
+        lane.open(slots(10, 10));
+        assert_eq!(lane.close(), (slots(1, 1), 0));
     }
 
     #[test]
     fn a_give_back_says_whether_the_lane_was_closed() {
         let lane = Lane::new();
-        lane.open(room(10, 10));
+        lane.open(slots(10, 10));
         assert!(lane.try_admit() && lane.try_admit());
-        assert!(!lane.give_back(held(1, 1)), "open: nothing queued");
+        assert!(!lane.give_back(slots(1, 1)), "open: nothing queued");
         let _ = lane.close();
-        assert!(lane.give_back(held(0, 1)), "closed: the state must hear");
-        assert!(!lane.give_back(held(0, 0)), "nothing given back");
-        assert_eq!(lane.close(), (held(1, 0), 0));
+        assert!(lane.give_back(slots(0, 1)), "closed: the state must hear");
+        assert!(!lane.give_back(slots(0, 0)), "nothing given back");
+        assert_eq!(lane.close(), (slots(1, 0), 0));
     }
 
     #[test]
     fn the_admission_count_stops_the_lane_before_it_carries() {
         let lane = Lane::new();
-        lane.open(room(usize::MAX, usize::MAX));
+        lane.open(slots(usize::MAX, usize::MAX));
         let mut admitted = 0;
         while lane.try_admit() {
-            assert!(!lane.give_back(held(1, 1)));
+            assert!(!lane.give_back(slots(1, 1)));
             admitted += 1;
         }
         assert_eq!(admitted, ADMITTED_MAX);
-        assert_eq!(lane.close(), (held(0, 0), ADMITTED_MAX));
-        lane.open(room(usize::MAX, usize::MAX));
+        assert_eq!(lane.close(), (slots(0, 0), ADMITTED_MAX));
+        lane.open(slots(usize::MAX, usize::MAX));
         assert!(lane.try_admit(), "the count starts again once handed over");
     }
 
     #[test]
     fn a_room_past_the_field_is_taken_as_the_field() {
         let lane = Lane::new();
-        lane.open(room(usize::MAX, usize::MAX));
+        lane.open(slots(usize::MAX, usize::MAX));
         for _ in 0..FIELD_MAX {
             assert!(
                 lane.try_admit() || {
                     // The admission count is full: hand it over and go on.
                     let _ = lane.close();
-                    lane.open(room(usize::MAX, usize::MAX));
+                    lane.open(slots(usize::MAX, usize::MAX));
                     lane.try_admit()
                 }
             );
         }
         let (holding, _) = lane.close();
-        assert_eq!(holding, held(FIELD_MAX as usize, FIELD_MAX as usize));
-        lane.open(room(usize::MAX, usize::MAX));
+        assert_eq!(holding, slots(FIELD_MAX as usize, FIELD_MAX as usize));
+        lane.open(slots(usize::MAX, usize::MAX));
         assert!(!lane.try_admit(), "the holdings are at the field's largest");
     }
 }

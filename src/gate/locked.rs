@@ -79,7 +79,7 @@ impl Drop for Locked<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(room) = self.state.outside_room() {
-            if !(DefaultObserver::ENABLED && self.observer.active()) {
+            if !self.observer.records() {
                 self.lane.open(room);
             }
         }

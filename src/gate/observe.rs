@@ -301,6 +301,15 @@ pub(crate) trait Observer: Send + Sync + 'static {
     /// an event's observation nor reads a clock for it. Cheap (an atomic
     /// load or two), and no user code: the driver asks before its lock.
     fn active(&self) -> bool;
+    /// Whether events are observed now: observations are wanted at all,
+    /// and the observer is [`active`](Self::active).
+    #[inline]
+    fn records(&self) -> bool
+    where
+        Self: Sized,
+    {
+        Self::ENABLED && self.active()
+    }
     fn configured(&self, configured: &Configured);
     /// Returns whether the observer wants the whole picture now (it has
     /// just registered its series): the driver then refreshes it, as

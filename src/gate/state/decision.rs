@@ -16,7 +16,7 @@ use std::time::Instant;
 use super::State;
 use super::accounting::Demand;
 use super::buckets::{BucketKey, Held};
-use super::outside::Outside;
+use super::outside::Slots;
 use crate::gate::types::{AdmitSource, Overloaded};
 
 /// Identifies a queued request while it waits: its slot in the entry slab
@@ -75,14 +75,14 @@ impl Grant {
     /// Gives up what a lane grant still holds of its waiting capacity and,
     /// with `finished`, of its request capacity: what the lane takes back.
     #[inline]
-    pub(crate) fn leave_lane(&mut self, finished: bool) -> Outside {
+    pub(crate) fn leave_lane(&mut self, finished: bool) -> Slots {
         debug_assert!(
             self.in_lane,
             "a grant of the state leaves through the state"
         );
         let waiting = std::mem::take(&mut self.holds_waiting);
         let request = finished && std::mem::take(&mut self.holds_request);
-        Outside {
+        Slots {
             requests: usize::from(request),
             waiting: usize::from(waiting),
         }

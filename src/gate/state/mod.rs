@@ -77,7 +77,7 @@ mod view;
 pub(crate) use self::accounting::Demand;
 use self::buckets::{Bucket, BucketKey, Buckets};
 pub(crate) use self::decision::{Arrival, Expiry, Grant, Polled, Ticket};
-pub(crate) use self::outside::{Outside, Room};
+pub(crate) use self::outside::Slots;
 
 /// A position in the entry slab; queues link entries by slot.
 type Slot = usize;
@@ -168,7 +168,7 @@ pub(crate) struct State<T> {
     adaptive: Option<adaptive::Adaptive>,
     /// What the driver's lock-free lane held when last folded in (counted
     /// in `total` and the unranked bucket); see [`outside`].
-    outside: Outside,
+    outside: Slots,
     /// Whether the configuration lets the lane admit ([`outside`]),
     /// decided once.
     lane_allowed: bool,
@@ -201,7 +201,7 @@ impl<T> State<T> {
             shed: false,
             codel_shedding: false,
             adaptive: None,
-            outside: Outside::default(),
+            outside: Slots::default(),
             lane_allowed: false,
         };
         state.codel = state

@@ -24,22 +24,13 @@
 use super::State;
 use super::buckets::BucketKey;
 
-/// The capacity the lane holds: plain requests hold no tokens.
+/// Engine slots of the lane: what it holds, or the room it may fill
+/// (plain requests hold no tokens).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Outside {
+pub(crate) struct Slots {
     /// Engine request slots.
     pub(crate) requests: usize,
     /// Engine waiting slots.
-    pub(crate) waiting: usize,
-}
-
-/// How much more the lane may hold: the unranked bucket's engine limits
-/// less what the state holds itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Room {
-    /// Engine request slots the lane may hold in all.
-    pub(crate) requests: usize,
-    /// Engine waiting slots the lane may hold in all.
     pub(crate) waiting: usize,
 }
 
@@ -56,7 +47,7 @@ impl<T> State<T> {
 
     /// The lane holds `held` now, and admitted `admitted` requests since
     /// the last fold. Capacity it gave back goes to the queue at once.
-    pub(crate) fn fold_outside(&mut self, held: Outside, admitted: u64) {
+    pub(crate) fn fold_outside(&mut self, held: Slots, admitted: u64) {
         let was = std::mem::replace(&mut self.outside, held);
         if was == held && admitted == 0 {
             return;
@@ -74,10 +65,11 @@ impl<T> State<T> {
         }
     }
 
-    /// How much the lane may hold in all, or `None` while it may admit
+    /// How much the lane may hold in all (the unranked bucket's engine
+    /// limits less what the state holds itself), or `None` while it may admit
     /// nothing: something is queued, or the configuration has a policy
     /// the lane would skip.
-    pub(crate) fn outside_room(&self) -> Option<Room> {
+    pub(crate) fn outside_room(&self) -> Option<Slots> {
         if !self.lane_allowed || self.total.queued > 0 {
             return None;
         }
@@ -85,7 +77,7 @@ impl<T> State<T> {
         let room = |limit: usize, held: usize, outside: usize| {
             limit.saturating_mul(ranks).saturating_sub(held - outside)
         };
-        Some(Room {
+        Some(Slots {
             requests: room(
                 self.limits.engine_request_limit,
                 self.total.engine_requests,
