@@ -34,6 +34,7 @@ mod grpc;
 mod media_type;
 mod openai_json;
 mod openai_sse;
+mod swar;
 
 pub use self::any_data::AnyData;
 pub use self::auto::Auto;

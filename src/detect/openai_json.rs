@@ -20,6 +20,7 @@
 mod lex;
 
 use self::lex::{JsonStr, Value};
+
 /// Whether the data of one event is output or the end of the answer:
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
 /// (another JSON value, or not JSON at all).

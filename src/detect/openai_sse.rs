@@ -6,6 +6,7 @@ use std::ops::Range;
 use super::FirstTokenDetector;
 use super::media_type::media_type;
 use super::openai_json::object_ends_waiting;
+use super::swar;
 
 /// Waiting ends at the first event of an LLM event stream that carries
 /// generated output, or that says the answer is over: the OpenAI Chat
@@ -412,22 +413,13 @@ impl EventParser {
 /// The index of the first `\r` or `\n` in `bytes`, or its length: eight
 /// bytes at a time, since event data is most of an event stream's bytes.
 fn line_end(bytes: &[u8]) -> usize {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const CRS: u64 = u64::from_ne_bytes([b'\r'; 8]);
-    const LFS: u64 = u64::from_ne_bytes([b'\n'; 8]);
-    /// The high bit of each zero byte of `word` (and maybe of bytes after
-    /// the first zero one, which do not matter).
-    fn zero_bytes(word: u64) -> u64 {
-        word.wrapping_sub(ONES) & !word & HIGHS
-    }
     let mut chunks = bytes.chunks_exact(8);
     let mut start = 0;
     for chunk in &mut chunks {
         let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-        let found = zero_bytes(word ^ CRS) | zero_bytes(word ^ LFS);
+        let found = swar::equal(word, b'\r') | swar::equal(word, b'\n');
         if found != 0 {
-            return start + (found.trailing_zeros() / 8) as usize;
+            return start + swar::first(found);
         }
         start += 8;
     }

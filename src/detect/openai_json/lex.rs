@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use super::Scan;
+use crate::detect::swar;
 
 /// The start of a value the judgement reads: a scalar read whole (and
 /// checked as serde_json checks a value it visits), or the opening bracket
@@ -325,7 +326,6 @@ impl<'a> Scan<'a> {
     /// characters, only JSON's escapes, valid UTF-8. Plain bytes are passed
     /// over eight at a time, since strings are most of a chunk's bytes.
     pub(super) fn string(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
-        const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
         let bytes = self.bytes;
         let start = self.at + 1;
         let mut at = start;
@@ -338,9 +338,9 @@ impl<'a> Scan<'a> {
                 let word = u64::from_le_bytes(eight);
                 let stops = stops_in(word);
                 if stops != 0 {
-                    let plain = stops.trailing_zeros() / 8;
+                    let plain = swar::first(stops);
                     seen |= word & ((1 << (plain * 8)) - 1);
-                    at += plain as usize;
+                    at += plain;
                     break;
                 }
                 seen |= word;
@@ -363,7 +363,7 @@ impl<'a> Scan<'a> {
         }
         let raw = &bytes[start..at];
         self.at = at + 1;
-        if seen & HIGH_BITS != 0 {
+        if seen & swar::HIGH_BITS != 0 {
             std::str::from_utf8(raw).ok()?;
         }
         Some(JsonStr { raw, escaped })
@@ -403,13 +403,7 @@ impl<'a> Scan<'a> {
 /// string's plain run: `"`, `\` or a control character. Bytes after the
 /// first such one may be marked wrongly; they do not matter.
 pub(super) fn stops_in(word: u64) -> u64 {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
-    // Bytes below `n`: a borrow only runs on from a byte that is below.
-    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGH_BITS;
-    below(word ^ (ONES * u64::from(b'"')), 1)
-        | below(word ^ (ONES * u64::from(b'\\')), 1)
-        | below(word, b' ')
+    swar::equal(word, b'"') | swar::equal(word, b'\\') | swar::below(word, b' ')
 }
 
 /// The containers a skipped value is nested in, innermost last: a bit each
