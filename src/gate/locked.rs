@@ -98,7 +98,7 @@ impl Observed for State<Waiter> {
     }
 
     fn worker_saturation(&self) -> f64 {
-        State::saturation(self, None)
+        self.observed_saturation(None)
     }
 
     #[inline]

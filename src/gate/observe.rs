@@ -30,6 +30,7 @@ pub(crate) struct BucketView {
     pub(crate) oldest_wait: Option<Duration>,
     /// How saturated the bucket's rank is, 0 to 1; for the unranked
     /// requests, the whole worker ([`Gate::saturation`](crate::Gate::saturation)).
+    /// Always 0 unless the saturation gauge is recorded.
     pub(crate) saturation: f64,
     /// When the bucket's oldest queued request arrived, read under the
     /// lock; [`Collected::measure`] turns it into `oldest_wait`.
@@ -61,7 +62,8 @@ pub(crate) struct Observation {
     /// Other buckets whose queued requests the event admitted.
     pub(crate) offered: Vec<BucketView>,
     /// The whole worker's saturation after the event: every event changes
-    /// it, whichever bucket it concerned.
+    /// it, whichever bucket it concerned. Always 0 unless the saturation
+    /// gauge is recorded.
     pub(crate) worker_saturation: f64,
 }
 
@@ -88,7 +90,7 @@ pub(crate) trait Observed {
     fn next_event(&mut self) -> u64;
     /// The bucket of `rank` (`None`: the unranked requests) as it is now.
     fn view(&self, rank: Option<u32>) -> BucketView;
-    /// The whole worker's saturation, 0 to 1.
+    /// The whole worker's saturation, 0 to 1; 0 unless its gauge is recorded.
     fn worker_saturation(&self) -> f64;
     /// When that bucket's oldest queued request arrived; `None` when its
     /// queue is empty.

@@ -78,6 +78,17 @@ impl<T> State<T> {
             key => fill(&self.bucket(key).counts, &self.limits, 1).max(worker),
         }
     }
+
+    /// [`saturation`](Self::saturation) for observers: 0 unless the
+    /// saturation gauge is recorded (its only reader), so that an event's
+    /// observation does not compute a number nobody reads.
+    #[inline]
+    pub(crate) fn observed_saturation(&self, rank: Option<u32>) -> f64 {
+        match self.config.explicit_saturation_metric() {
+            true => self.saturation(rank),
+            false => 0.0,
+        }
+    }
 }
 
 #[cfg(test)]

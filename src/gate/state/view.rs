@@ -65,7 +65,7 @@ impl<'a, T> View<'a, T> {
             tally: bucket.tally,
             bands: bucket.band_views(state.ladder.configured_bands()),
             oldest_wait: None,
-            saturation: state.saturation(rank),
+            saturation: state.observed_saturation(rank),
             arrived: None,
         }
     }
