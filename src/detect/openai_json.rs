@@ -18,6 +18,7 @@
 //!   the last one wins.
 
 mod lex;
+mod plain;
 
 use self::lex::{JsonStr, Value};
 
@@ -25,6 +26,15 @@ use self::lex::{JsonStr, Value};
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
 /// (another JSON value, or not JSON at all).
 pub(super) fn object_ends_waiting(data: &[u8]) -> Option<bool> {
+    // Most chunks are plain: judged in one tight pass.
+    if let Some(judged) = plain::judge(data) {
+        return Some(judged);
+    }
+    scanned(data)
+}
+
+/// The full scan: [`object_ends_waiting`] for any document.
+fn scanned(data: &[u8]) -> Option<bool> {
     // Invalid UTF-8 anywhere makes the document invalid JSON. Outside
     // strings JSON is ASCII, which the scan checks byte by byte; a string
     // with other bytes is checked as UTF-8 when it is read.

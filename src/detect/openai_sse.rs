@@ -179,7 +179,7 @@ impl FirstTokenDetector for OpenAiSse {
 
 /// Incremental server-sent-events parser: it keeps only the position in the
 /// current line, the field name (a few bytes), and the current event's data.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct EventParser {
     position: LinePosition,
     /// Name of the current line's field, while it is read.
@@ -195,6 +195,21 @@ struct EventParser {
     data: Vec<u8>,
     /// The current event's type is `error`.
     error_event: bool,
+}
+
+/// Cloned for every request (a configured detector holds no data): an
+/// empty buffer is not copied.
+impl Clone for EventParser {
+    fn clone(&self) -> Self {
+        EventParser {
+            data: if self.data.is_empty() {
+                Vec::new()
+            } else {
+                self.data.clone()
+            },
+            ..*self
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -271,12 +286,18 @@ impl EventParser {
                 continue;
             }
             match self.position {
+                // Most lines are data lines: their name is taken whole.
+                LinePosition::Start if frame[index..].starts_with(b"data:") => {
+                    self.field = Field::Data;
+                    self.position = LinePosition::ValueStart;
+                    index += b"data:".len();
+                }
                 LinePosition::Start | LinePosition::Name => {
                     if byte == b':' {
                         self.field = self.field_named();
                         self.position = LinePosition::ValueStart;
                     } else {
-                        self.name.push(&[byte]);
+                        self.name.push_byte(byte);
                         self.position = LinePosition::Name;
                     }
                     index += 1;
@@ -449,8 +470,9 @@ fn event_ends_waiting(data: &[u8]) -> bool {
 #[derive(Debug, Clone, Copy)]
 struct ShortBytes<const N: usize> {
     bytes: [u8; N],
-    /// Bytes pushed so far; past `N` only `as_slice` returning `None` tells.
-    len: usize,
+    /// Bytes pushed so far, saturating; past `N` only `as_slice` returning
+    /// `None` tells.
+    len: u8,
 }
 
 impl<const N: usize> Default for ShortBytes<N> {
@@ -464,16 +486,25 @@ impl<const N: usize> Default for ShortBytes<N> {
 
 impl<const N: usize> ShortBytes<N> {
     fn push(&mut self, more: &[u8]) {
-        if let Some(free) = self.bytes.get_mut(self.len..) {
+        if let Some(free) = self.bytes.get_mut(usize::from(self.len)..) {
             let copied = free.len().min(more.len());
             free[..copied].copy_from_slice(&more[..copied]);
         }
-        self.len = self.len.saturating_add(more.len());
+        let pushed = u8::try_from(more.len()).unwrap_or(u8::MAX);
+        self.len = self.len.saturating_add(pushed);
+    }
+
+    #[inline]
+    fn push_byte(&mut self, byte: u8) {
+        if let Some(free) = self.bytes.get_mut(usize::from(self.len)) {
+            *free = byte;
+        }
+        self.len = self.len.saturating_add(1);
     }
 
     /// The contents, or `None` when they were longer than `N` bytes.
     fn as_slice(&self) -> Option<&[u8]> {
-        self.bytes.get(..self.len)
+        self.bytes.get(..usize::from(self.len))
     }
 
     fn clear(&mut self) {

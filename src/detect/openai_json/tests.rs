@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use proptest::sample::Index;
 
-use super::{object_ends_waiting, reference};
+use super::{object_ends_waiting, plain, reference, scanned};
 
 fn assert_agrees(data: &[u8]) {
     assert_eq!(
@@ -412,4 +412,69 @@ fn escaped_names_and_values_are_read_as_what_they_mean() {
     ] {
         assert_agrees(data.as_bytes());
     }
+}
+
+/// The plain pass, where it decides, decides as the full scan does.
+fn plain_agrees(data: &[u8]) -> Result<(), TestCaseError> {
+    if let Some(judged) = plain::judge(data) {
+        prop_assert_eq!(
+            Some(judged),
+            scanned(data),
+            "{}",
+            String::from_utf8_lossy(data)
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn the_plain_pass_agrees_with_the_full_scan_on_generated_documents(
+        document in document(),
+        mutations in mutations(),
+    ) {
+        plain_agrees(&mutate(&document, &mutations))?;
+    }
+
+    #[test]
+    fn the_plain_pass_agrees_with_the_full_scan_on_mutated_chunks(
+        chunk in prop::sample::select(CHUNKS),
+        mutations in prop::collection::vec(mutation(), 1..4),
+    ) {
+        plain_agrees(&mutate(chunk, &mutations))?;
+    }
+}
+
+#[test]
+fn the_plain_pass_agrees_with_the_full_scan_on_every_truncation_and_nesting() {
+    for chunk in CHUNKS {
+        for end in 0..=chunk.len() {
+            plain_agrees(&chunk.as_bytes()[..end]).unwrap();
+        }
+    }
+    for depth in [1, 31, 32, 33, 64] {
+        let open = "[".repeat(depth);
+        let close = "]".repeat(depth);
+        for member in ["usage", "error", "choices", "delta", "type"] {
+            plain_agrees(format!(r#"{{"{member}":{open}{close}}}"#).as_bytes()).unwrap();
+            plain_agrees(format!(r#"{{"{member}":{open}1{close},"x":0}}"#).as_bytes()).unwrap();
+            let objects = r#"{"a":"#.repeat(depth) + "null" + &"}".repeat(depth);
+            plain_agrees(format!(r#"{{"{member}":[{objects}]}}"#).as_bytes()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn chunks_without_escapes_fractions_or_non_ascii_are_judged_by_the_plain_pass() {
+    let judged = CHUNKS
+        .iter()
+        .filter(|chunk| plain::judge(chunk.as_bytes()).is_some())
+        .count();
+    // All but the chunk with fractional log probabilities.
+    assert_eq!(judged, CHUNKS.len() - 1);
+    assert_eq!(plain::judge(br#"{"error":1.5}"#), None);
+    assert_eq!(plain::judge(br#"{"error":"\u0041"}"#), None);
+    assert_eq!(plain::judge("{\"error\":\"\u{e9}\"}".as_bytes()), None);
 }
