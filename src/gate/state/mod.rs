@@ -265,8 +265,7 @@ impl<T> State<T> {
         let rung = self.ladder.rung(descriptor.priority);
         let tenant = descriptor.tenant;
         let queue = &mut self.buckets.get_mut(bucket).queue;
-        let leads =
-            queue.is_empty() || queue.would_lead(&self.entries, &self.ladder, now, rung, tenant);
+        let leads = queue.is_empty() || queue.would_lead(&self.ladder, now, rung, tenant);
         if leads && self.engine_fits(bucket, demand) {
             let grant = self.charge(bucket, demand, AdmitSource::Direct, now);
             self.bucket_mut(bucket).tally.admitted_direct += 1;

@@ -58,23 +58,31 @@
 //! Requests live in the state's entry slab; the queue threads two intrusive
 //! lists through them ([`Node`]): the band's arrival order (its oldest for
 //! aging, its newest for displacement) and the tenant's own FIFO. Each band
-//! keeps a min-heap of its flow heads; the queue keeps its bands' oldest
-//! requests ordered by standing and by arrival. Push, pop and unlink are
-//! O(log tenants + log bands) with O(1) list work; finding the head is
-//! O(log bands). Heap entries made stale by a cancelled flow head are
-//! skipped lazily and the heap is rebuilt when stale entries outnumber live
-//! ones (amortised O(1)), so memory stays bounded under cancel storms.
+//! keeps its flows in a slab of its own, by a dense id, and a 4-ary
+//! min-heap of their heads (see [`band`]); the queue keeps its bands'
+//! oldest requests ordered by standing and by arrival. Push, pop and
+//! unlink are O(log tenants + log bands) with O(1) list work; finding the
+//! head is O(log bands). Heap entries made stale by a cancelled flow head
+//! are skipped lazily and the heap is rebuilt when stale entries outnumber
+//! live ones (amortised O(1)), so memory stays bounded under cancel storms.
+//!
+//! A deep queue's cost is its cache misses, so the hot path touches no
+//! request it does not have to: a request knows its flow's id (no map
+//! look-up to leave), and the arrival of the next request of its flow (a
+//! leaving head does not read its successor, which in a queue of many
+//! tenants was queued long after it and lies far away in memory).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use self::flow_hash::FlowKey;
+use self::band::Band;
 use super::Slot;
 use crate::gate::types::Tenant;
 
+mod band;
 mod flow_hash;
+mod heads;
 
 /// Fixed-point scale of fair queueing tags: a multiple of every weight up
 /// to 16, times 2^32 so that a step of any `u32` weight is at least
@@ -104,12 +112,16 @@ impl Link {
             .expect("fewer than 4 billion queued requests")
     }
 
+    fn unpack(packed: NonZeroU32) -> Slot {
+        packed.get() as Slot - 1
+    }
+
     fn prev(&self) -> Option<Slot> {
-        self.prev.map(|packed| packed.get() as Slot - 1)
+        self.prev.map(Link::unpack)
     }
 
     fn next(&self) -> Option<Slot> {
-        self.next.map(|packed| packed.get() as Slot - 1)
+        self.next.map(Link::unpack)
     }
 
     fn set_prev(&mut self, prev: Option<Slot>) {
@@ -121,22 +133,41 @@ impl Link {
     }
 }
 
-/// The two ends of an intrusive list.
+/// The two ends of an intrusive list, packed as [`Link`]'s neighbours are.
 #[derive(Debug, Default, Clone, Copy)]
 struct Ends {
-    head: Option<Slot>,
-    tail: Option<Slot>,
+    head: Option<NonZeroU32>,
+    tail: Option<NonZeroU32>,
 }
 
 impl Ends {
+    fn head(&self) -> Option<Slot> {
+        self.head.map(Link::unpack)
+    }
+
+    fn tail(&self) -> Option<Slot> {
+        self.tail.map(Link::unpack)
+    }
+
     /// Links `slot` in after the tail; `link` is this list's link in a node.
     fn push_back(&mut self, nodes: &mut impl Nodes, slot: Slot, link: fn(&mut Node) -> &mut Link) {
-        *link(nodes.node_mut(slot)) = Link::new(self.tail, None);
-        match self.tail {
+        *link(nodes.node_mut(slot)) = Link::new(self.tail(), None);
+        match self.tail() {
             Some(tail) => link(nodes.node_mut(tail)).set_next(Some(slot)),
-            None => self.head = Some(slot),
+            None => self.head = Some(Link::pack(slot)),
         }
-        self.tail = Some(slot);
+        self.tail = Some(Link::pack(slot));
+    }
+
+    /// Unlinks the head, whose link in this list was `own`, leaving its
+    /// successor's `prev` as it was: a head's `prev` is never read (heads
+    /// are told by [`Ends::head`]), and the successor of a leaving flow
+    /// head may be far away in memory.
+    fn pop_front(&mut self, own: Link) {
+        self.head = own.next;
+        if own.next.is_none() {
+            self.tail = None;
+        }
     }
 
     /// Links the neighbours of the node whose link in this list was `own`
@@ -144,11 +175,11 @@ impl Ends {
     fn unlink(&mut self, nodes: &mut impl Nodes, own: Link, link: fn(&mut Node) -> &mut Link) {
         match own.prev() {
             Some(prev) => link(nodes.node_mut(prev)).set_next(own.next()),
-            None => self.head = own.next(),
+            None => self.head = own.next,
         }
         match own.next() {
             Some(next) => link(nodes.node_mut(next)).set_prev(own.prev()),
-            None => self.tail = own.prev(),
+            None => self.tail = own.prev,
         }
     }
 }
@@ -163,6 +194,8 @@ pub(crate) struct Node {
     pub(crate) tenant: Option<Tenant>,
     /// Its tenant's weight.
     weight: u32,
+    /// Its flow in its band (see [`band`]), while queued.
+    flow_id: u32,
     /// Fair queueing tag increment: service × scale / weight.
     pub(crate) step: u128,
     /// When it was queued, when the gate keeps time.
@@ -171,7 +204,13 @@ pub(crate) struct Node {
     /// (see [`Ladder::standing`]).
     standing: i128,
     band: Link,
+    /// Its place in its flow. A flow's head keeps a stale `prev` (see
+    /// [`Ends::pop_front`]).
     flow: Link,
+    /// The arrival of the next request of its flow, if it has one: a flow
+    /// whose head leaves learns its new head's arrival without a look at
+    /// a request that may be far away in memory.
+    next_seq: u64,
 }
 
 impl Node {
@@ -190,6 +229,8 @@ impl Node {
             rung,
             tenant,
             weight,
+            flow_id: 0,
+            next_seq: 0,
             step: u128::from(service.max(1)).saturating_mul(TAG_SCALE) / u128::from(weight),
             queued_at,
             standing: ladder.standing(rung, queued_at),
@@ -285,107 +326,6 @@ impl Ladder {
     }
 }
 
-/// One backlogged tenant's queued requests in one band. A flow exists only
-/// while it has requests queued.
-#[derive(Debug)]
-struct Flow {
-    fifo: Ends,
-    /// Start tag of the flow's head.
-    head_start: u128,
-    weight: u32,
-}
-
-/// A head in a band's heap: (start tag, arrival, slot, tenant). Stale once
-/// its flow's head is another request.
-type HeapEntry = Reverse<(u128, u64, Slot, Option<Tenant>)>;
-
-#[derive(Debug, Default)]
-struct Band {
-    arrivals: Ends,
-    len: usize,
-    /// Backlogged flows only.
-    flows: HashMap<Option<Tenant>, Flow, FlowKey>,
-    /// The sum of the weights of the backlogged flows.
-    backlogged_weight: u64,
-    heads: BinaryHeap<HeapEntry>,
-    /// The band's virtual time (see the module docs).
-    virtual_time: u128,
-}
-
-impl Band {
-    /// The flow head first in fair order, dropping stale heap entries.
-    fn first(&mut self, nodes: &impl Nodes) -> Option<Slot> {
-        while let Some(&Reverse((start, seq, slot, tenant))) = self.heads.peek() {
-            let live = self.flows.get(&tenant).is_some_and(|flow| {
-                flow.fifo.head == Some(slot)
-                    && flow.head_start == start
-                    && nodes.node(slot).seq == seq
-            });
-            if live {
-                return Some(slot);
-            }
-            self.heads.pop();
-        }
-        None
-    }
-
-    /// The start tag a new request of `tenant` would get, and whether its
-    /// flow has requests queued already (then it waits behind them).
-    fn start_for(&self, tenant: Option<Tenant>) -> (u128, bool) {
-        match self.flows.get(&tenant) {
-            Some(flow) => (flow.head_start, true),
-            None => (self.virtual_time, false),
-        }
-    }
-
-    fn push_head(&mut self, nodes: &impl Nodes, tenant: Option<Tenant>) {
-        let flow = &self.flows[&tenant];
-        if let Some(head) = flow.fifo.head {
-            self.heads.push(Reverse((
-                flow.head_start,
-                nodes.node(head).seq,
-                head,
-                tenant,
-            )));
-        }
-    }
-
-    /// Rebuilds the heap when stale entries outnumber the live ones, and
-    /// gives back the room of flows gone: amortised O(1) per event.
-    ///
-    /// The heap is rebuilt in its own buffer, which is given back only when
-    /// it is more than twice the room a rebuilt heap grows to: a steady
-    /// stream of arrivals and cancellations, whose stale entries bring a
-    /// rebuild every few events, allocates nothing.
-    fn compact(&mut self, nodes: &impl Nodes) {
-        const SLACK: usize = 16;
-        let live = self.flows.len();
-        if self.heads.len() > 2 * live + SLACK {
-            let mut heads = std::mem::take(&mut self.heads).into_vec();
-            heads.clear();
-            if heads.capacity() > 2 * (2 * live + SLACK + 1) {
-                heads.shrink_to(2 * live + SLACK);
-            }
-            for (&tenant, flow) in &self.flows {
-                if let Some(head) = flow.fifo.head {
-                    heads.push(Reverse((
-                        flow.head_start,
-                        nodes.node(head).seq,
-                        head,
-                        tenant,
-                    )));
-                }
-            }
-            // Every entry differs (by arrival), so the order is the same
-            // as pushing them one by one.
-            self.heads = BinaryHeap::from(heads);
-        }
-        if self.flows.capacity() > 4 * live + SLACK {
-            self.flows.shrink_to(2 * live + SLACK);
-        }
-    }
-}
-
 /// The queue of one bucket.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
@@ -440,7 +380,7 @@ impl Queue {
     /// Flows kept over every band (each has requests queued).
     #[cfg(test)]
     pub(crate) fn flow_count(&self) -> usize {
-        self.bands.values().map(|band| band.flows.len()).sum()
+        self.bands.values().map(Band::flow_count).sum()
     }
 
     /// Queued requests in bands at or above `rung`: those a request joining
@@ -465,27 +405,11 @@ impl Queue {
 
     /// Appends the request at `slot` (its node filled in but unlinked).
     pub(crate) fn push(&mut self, nodes: &mut impl Nodes, slot: Slot) {
-        let Node {
-            rung,
-            tenant,
-            weight,
-            ..
-        } = *nodes.node(slot);
+        let rung = nodes.node(slot).rung;
         let band = self.bands.entry(rung).or_default();
         band.arrivals.push_back(nodes, slot, |node| &mut node.band);
         band.len += 1;
-
-        let (start, backlogged) = band.start_for(tenant);
-        let flow = band.flows.entry(tenant).or_insert(Flow {
-            fifo: Ends::default(),
-            head_start: start,
-            weight,
-        });
-        flow.fifo.push_back(nodes, slot, |node| &mut node.flow);
-        if !backlogged {
-            band.backlogged_weight += u64::from(weight);
-            band.push_head(nodes, tenant);
-        }
+        band.join(nodes, slot);
         if band.len == 1 {
             self.mark_oldest(nodes, slot);
         }
@@ -501,12 +425,11 @@ impl Queue {
     ) -> Option<Head> {
         let (rung, (key, _)) = self.leading_band(nodes, ladder, now)?;
         let standing = self.standings.first()?.0;
-        let band = self.bands.get_mut(&key)?;
-        let slot = band.first(nodes)?;
+        let (slot, seq) = self.bands.get_mut(&key)?.first()?;
         Some(Head {
             slot,
             rung,
-            seq: nodes.node(slot).seq,
+            seq,
             standing,
         })
     }
@@ -521,7 +444,10 @@ impl Queue {
     ) -> Option<(i64, (i64, u64))> {
         let &(_, seq, rung) = self.standings.first()?;
         let band = &self.bands[&rung];
-        let oldest = band.arrivals.head.expect("a band in the map is not empty");
+        let oldest = band
+            .arrivals
+            .head()
+            .expect("a band in the map is not empty");
         let risen = ladder.aged(rung, nodes.node(oldest).queued_at, now);
         Some((risen, (rung, seq)))
     }
@@ -533,7 +459,6 @@ impl Queue {
     /// start tag is below every waiting flow's.
     pub(crate) fn would_lead(
         &mut self,
-        nodes: &impl Nodes,
         ladder: &Ladder,
         now: Option<Instant>,
         rung: i64,
@@ -546,15 +471,10 @@ impl Queue {
             // Its own band, if it has one, lost to the leading band already.
             return !self.bands.contains_key(&rung) && ladder.standing(rung, now) < standing;
         }
-        let band = self.bands.get_mut(&rung).expect("the leading band exists");
-        let (start, backlogged) = band.start_for(tenant);
-        if backlogged {
-            return false;
-        }
-        match band.first(nodes) {
-            Some(first) => start < band.flows[&nodes.node(first).tenant].head_start,
-            None => true,
-        }
+        self.bands
+            .get_mut(&rung)
+            .expect("the leading band exists")
+            .would_lead(tenant)
     }
 
     /// Takes the request at `slot` out of the queue. `served`: it leaves
@@ -564,10 +484,7 @@ impl Queue {
     pub(crate) fn remove(&mut self, nodes: &mut impl Nodes, slot: Slot, served: bool) {
         let Node {
             rung,
-            tenant,
-            step,
             band: band_link,
-            flow: flow_link,
             ..
         } = *nodes.node(slot);
         if band_link.prev().is_none() {
@@ -592,35 +509,7 @@ impl Queue {
             return;
         }
 
-        let flow = band
-            .flows
-            .get_mut(&tenant)
-            .expect("a queued request's flow");
-        let was_head = flow_link.prev().is_none();
-        flow.fifo.unlink(nodes, flow_link, |node| &mut node.flow);
-        if was_head {
-            if served {
-                // The clock advances by the service over the backlogged
-                // weight (this flow's included), and never lags the tag
-                // served.
-                let service = step.saturating_mul(u128::from(flow.weight));
-                let advance = service / u128::from(band.backlogged_weight.max(1));
-                band.virtual_time = band
-                    .virtual_time
-                    .saturating_add(advance)
-                    .max(flow.head_start);
-                // A flow that stays backlogged keeps its own tags: lifting
-                // them to the clock would forget a lag of up to one step.
-                flow.head_start = flow.head_start.saturating_add(step);
-            }
-            if flow.fifo.head.is_some() {
-                band.push_head(nodes, tenant);
-            } else {
-                band.backlogged_weight -= u64::from(flow.weight);
-                band.flows.remove(&tenant);
-            }
-        }
-        band.compact(nodes);
+        band.leave(nodes, slot, served);
     }
 
     /// Queued requests below `rung`, lowest band first and newest first
@@ -632,7 +521,7 @@ impl Queue {
         rung: i64,
     ) -> impl Iterator<Item = Slot> + 'a {
         self.bands.range(..rung).flat_map(move |(_, band)| {
-            std::iter::successors(band.arrivals.tail, move |&slot| {
+            std::iter::successors(band.arrivals.tail(), move |&slot| {
                 nodes.node(slot).band.prev()
             })
         })
@@ -642,7 +531,7 @@ impl Queue {
     pub(crate) fn take_all(&mut self, nodes: &impl Nodes) -> Vec<Slot> {
         let mut slots = Vec::with_capacity(self.len);
         for band in self.bands.values() {
-            let mut cursor = band.arrivals.head;
+            let mut cursor = band.arrivals.head();
             while let Some(slot) = cursor {
                 slots.push(slot);
                 cursor = nodes.node(slot).band.next();
