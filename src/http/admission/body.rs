@@ -99,6 +99,9 @@ where
     type Data = Bytes;
     type Error = B::Error;
 
+    // Inlined into the server's loop: the inner body's frame is then
+    // written where the server reads it, not copied out of this call.
+    #[inline(always)]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -110,42 +113,28 @@ where
                 held,
             } => {
                 let polled = body.as_mut().poll_frame(cx);
-                let Poll::Ready(frame) = &polled else {
+                // A response that bypassed the gate or has ended passes
+                // frames through: one branch per frame. (Without `held`
+                // there is no detector either.)
+                let Some(holding) = held.as_mut() else {
                     return polled;
                 };
-                let ended = match frame {
-                    Some(Ok(frame)) => {
-                        // Once waiting is over the detector is gone: one
-                        // branch per frame.
-                        if let Some(watching) = detector {
-                            if let Some(data) = frame.data_ref() {
-                                let over = match held.as_mut() {
-                                    // A handler marked the first token.
-                                    Some(held) if held.waiting_over() => true,
-                                    Some(held) => {
-                                        let found = watching.on_data(data).is_some();
-                                        if found {
-                                            held.first_token();
-                                        }
-                                        found
-                                    }
-                                    None => true,
-                                };
-                                if over {
-                                    *detector = None;
+                if let Poll::Ready(frame) = &polled {
+                    let ended = match frame {
+                        Some(Ok(frame)) => {
+                            // Once waiting is over the detector is gone.
+                            if detector.is_some() {
+                                if let Some(data) = frame.data_ref() {
+                                    watch(detector, holding, data);
                                 }
                             }
+                            frame.is_trailers() || body.is_end_stream()
                         }
-                        frame.is_trailers() || body.is_end_stream()
+                        Some(Err(_)) | None => true,
+                    };
+                    if ended {
+                        end(detector, held);
                     }
-                    Some(Err(_)) | None => true,
-                };
-                if ended {
-                    // Dropping the permit releases the request capacity and,
-                    // for a response that ends without a token, the waiting
-                    // capacity.
-                    *held = None;
-                    *detector = None;
                 }
                 polled
             }
@@ -172,6 +161,35 @@ where
             }
         }
     }
+}
+
+/// Shows `data` to the detector while waiting lasts; drops the detector
+/// once waiting is over. Out of line, so that the per-frame path of
+/// `poll_frame` stays small enough to be inlined into the server's loop.
+#[inline(never)]
+fn watch<D: FirstTokenDetector>(detector: &mut Option<D>, held: &mut Held, data: &[u8]) {
+    let Some(watching) = detector else {
+        return;
+    };
+    // A handler marked the first token, or the detector sees it here.
+    let over = held.waiting_over() || {
+        let found = watching.on_data(data).is_some();
+        if found {
+            held.first_token();
+        }
+        found
+    };
+    if over {
+        *detector = None;
+    }
+}
+
+/// The response ended: dropping the permit releases the request capacity
+/// and, for a response that ends without a token, the waiting capacity.
+#[inline(never)]
+fn end<D>(detector: &mut Option<D>, held: &mut Option<Held>) {
+    *held = None;
+    *detector = None;
 }
 
 impl<B, D> fmt::Debug for ResponseBody<B, D> {
