@@ -66,7 +66,9 @@ impl FirstTokenDetector for Auto {
         self.chosen = match media_type(head) {
             Some(essence) if essence.eq_ignore_ascii_case(b"text/event-stream") => {
                 let mut detector = self.sse.clone();
-                detector.read_media_type(Some(essence));
+                // An event stream, as for a response without media type:
+                // the media type is not compared a second time.
+                detector.read_media_type(None);
                 Chosen::Sse(detector)
             }
             Some(essence) if is_grpc(essence) => {

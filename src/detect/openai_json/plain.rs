@@ -95,7 +95,7 @@ impl<'a> Plain<'a> {
     }
 
     /// Reads the start of a value.
-    #[inline]
+    #[inline(always)]
     fn value(&mut self) -> Option<Start<'a>> {
         let start = match self.peek()? {
             b'"' => return self.string().map(Start::String),
@@ -142,7 +142,7 @@ impl<'a> Plain<'a> {
     /// A string at its opening quote, through its closing one: printable
     /// ASCII (or DEL) without escapes. Most strings of a chunk are a few
     /// bytes long: a byte at a time, by table, beats setting up words.
-    #[inline]
+    #[inline(always)]
     fn string(&mut self) -> Option<&'a [u8]> {
         let bytes = self.bytes;
         let start = self.at + 1;
