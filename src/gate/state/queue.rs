@@ -185,25 +185,27 @@ impl Ends {
 }
 
 /// What the queue keeps of each queued request.
+///
+/// Laid out by hand (`repr(C)`, sixteen-byte aligned, in an entry whose
+/// start is too): what a newcomer writes into its flow's tail, which in a
+/// queue of many tenants was queued long ago and is out of cache, is one
+/// aligned sixteen bytes (`flow`, `next_seq`), so it never straddles two
+/// cache lines.
 #[derive(Debug, Clone, Copy)]
+#[repr(C)]
 pub(crate) struct Node {
+    pub(crate) tenant: Option<Tenant>,
+    /// When it was queued, when the gate keeps time.
+    pub(crate) queued_at: Option<Instant>,
+    /// Fair queueing tag increment: service × scale / weight.
+    pub(crate) step: u128,
+    /// The standing of its band while it is the band's oldest request
+    /// (see [`Ladder::standing`]).
+    standing: i128,
     /// Arrival order; lower is older.
     pub(crate) seq: u64,
     /// Its band, as a rung of the ladder (see [`Ladder`]).
     pub(crate) rung: i64,
-    pub(crate) tenant: Option<Tenant>,
-    /// Its tenant's weight.
-    weight: u32,
-    /// Its flow in its band (see [`band`]), while queued.
-    flow_id: u32,
-    /// Fair queueing tag increment: service × scale / weight.
-    pub(crate) step: u128,
-    /// When it was queued, when the gate keeps time.
-    pub(crate) queued_at: Option<Instant>,
-    /// The standing of its band while it is the band's oldest request
-    /// (see [`Ladder::standing`]).
-    standing: i128,
-    band: Link,
     /// Its place in its flow. A flow's head keeps a stale `prev` (see
     /// [`Ends::pop_front`]).
     flow: Link,
@@ -211,6 +213,11 @@ pub(crate) struct Node {
     /// whose head leaves learns its new head's arrival without a look at
     /// a request that may be far away in memory.
     next_seq: u64,
+    band: Link,
+    /// Its tenant's weight.
+    weight: u32,
+    /// Its flow in its band (see [`band`]), while queued.
+    flow_id: u32,
 }
 
 impl Node {
