@@ -91,6 +91,15 @@ impl<T> State<T> {
             }
     }
 
+    /// Whether the engine's combined request or waiting slots are all
+    /// taken: then no request fits ([`State::engine_fits`]), whatever its
+    /// demand or rank.
+    pub(super) fn engine_full(&self) -> bool {
+        let combined = |per_rank: usize| per_rank.saturating_mul(self.active_ranks);
+        self.total.engine_requests >= combined(self.limits.engine_request_limit)
+            || self.total.engine_waiting >= combined(self.limits.engine_request_waiting_limit)
+    }
+
     /// Whether `demand` fits the queue limits of `key`'s rank (if ranked)
     /// and the combined ones.
     pub(super) fn queue_fits(&self, key: BucketKey, demand: Demand) -> bool {

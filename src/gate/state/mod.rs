@@ -264,9 +264,12 @@ impl<T> State<T> {
         self.bucket_mut(bucket).tally.received += 1;
         let rung = self.ladder.rung(descriptor.priority);
         let tenant = descriptor.tenant;
+        // Whether it fits first: when it does not (the engine is full, the
+        // usual case while requests queue), where it would stand in service
+        // order does not matter and is not looked for.
+        let fits = self.engine_fits(bucket, demand);
         let queue = &mut self.buckets.get_mut(bucket).queue;
-        let leads = queue.is_empty() || queue.would_lead(&self.ladder, now, rung, tenant);
-        if leads && self.engine_fits(bucket, demand) {
+        if fits && (queue.is_empty() || queue.would_lead(&self.ladder, now, rung, tenant)) {
             let grant = self.charge(bucket, demand, AdmitSource::Direct, now);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
             self.count_band(bucket, rung, |band| band.admitted += 1);
@@ -609,7 +612,9 @@ impl<T> State<T> {
     }
 
     fn dequeue_slow(&mut self, now: Option<Instant>) {
-        while self.total.queued > 0 {
+        // While every engine slot is taken no head fits, whatever its
+        // demand: the heads are not looked for.
+        while self.total.queued > 0 && !self.engine_full() {
             let mut first: Option<queue::Head> = None;
             let keys = std::iter::once(BucketKey::Unranked)
                 .chain((0..self.recognised_ranks() as u32).map(BucketKey::Rank));
