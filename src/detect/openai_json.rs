@@ -20,7 +20,9 @@
 mod lex;
 mod plain;
 
-use self::lex::{JsonStr, Value};
+use std::borrow::Cow;
+
+use self::lex::Scan;
 
 /// Whether the data of one event is output or the end of the answer:
 /// `Some(true)`/`Some(false)` for a JSON object, `None` for anything else
@@ -38,14 +40,11 @@ fn scanned(data: &[u8]) -> Option<bool> {
     // Invalid UTF-8 anywhere makes the document invalid JSON. Outside
     // strings JSON is ASCII, which the scan checks byte by byte; a string
     // with other bytes is checked as UTF-8 when it is read.
-    let mut scan = Scan { bytes: data, at: 0 };
+    let mut scan = Scan::new(data);
     // Any value but an object is `None`, whether or not it is valid JSON.
-    if scan.peek()? != b'{' {
-        return None;
-    }
-    let judged = scan.event()?;
-    scan.skip_whitespace();
-    (scan.at == data.len()).then_some(judged)
+    scan.take(b'{')?;
+    let judged = event(&mut scan)?;
+    scan.at_end().then_some(judged)
 }
 
 /// The delta members that carry generated output.
@@ -129,187 +128,225 @@ fn kind_of(kind: &str) -> Kind {
     }
 }
 
-/// A position in a document; each method reads one piece of JSON and
-/// returns `None` where the document is not valid JSON.
-struct Scan<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// The start of a value as a [`Reader`] reads it: a scalar read whole, or
+/// the opening bracket of an array or object, whose contents the caller
+/// reads next (or drains).
+#[derive(Clone, Copy)]
+enum Start<S> {
+    Null,
+    /// `true`, `false` or a number.
+    Scalar,
+    /// A string, as the reader read it.
+    String(S),
+    Array,
+    Object,
 }
 
-impl<'a> Scan<'a> {
-    #[inline]
-    fn byte(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
-    }
+/// A string a [`Reader`] read, known to be valid.
+trait Text<'a>: Copy {
+    /// The string meant, as UTF-8.
+    fn meaning(self) -> Cow<'a, [u8]>;
 
-    #[inline]
-    fn skip_whitespace(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.byte() {
-            self.at += 1;
-        }
-    }
+    /// Whether the string meant is empty.
+    fn is_empty(self) -> bool;
+}
 
-    /// The next byte after whitespace, not taken.
-    #[inline]
-    fn peek(&mut self) -> Option<u8> {
-        self.skip_whitespace();
-        self.byte()
-    }
+/// A reader of one document's JSON: the full scan ([`Scan`]) or the plain
+/// pass ([`plain`]). The judgement below is written once over it, so both
+/// passes judge alike; each reader decides which documents it accepts and
+/// how it checks them. Every method returns `None` where the reader refuses
+/// the document.
+trait Reader<'a>: Sized {
+    /// A string as this reader reads it.
+    type Str: Text<'a>;
 
-    /// Takes `expected` as the next byte after whitespace.
-    fn take(&mut self, expected: u8) -> Option<()> {
-        (self.peek()? == expected).then(|| self.at += 1)
-    }
+    /// Reads the start of a value the judgement reads.
+    fn value(&mut self) -> Option<Start<Self::Str>>;
 
-    /// The event, at its `{`: whether it ends waiting.
-    fn event(&mut self) -> Option<bool> {
-        self.at += 1;
-        let mut error = false;
-        let mut object_is_error = false;
-        let mut choices = None;
-        let mut kind = Kind::default();
-        let mut delta = false;
-        let names: [&[u8]; 5] = [b"error", b"object", b"choices", b"type", b"delta"];
-        self.named_members(&names, |scan, member| {
-            match member {
-                0 => error = scan.something()?,
-                1 => object_is_error = scan.is_str(b"error")?,
-                2 => choices = scan.choices()?,
-                3 => kind = scan.kind()?,
-                _ => delta = scan.payload()?,
-            }
-            Some(())
-        })?;
-        Some(error || object_is_error || kind.ends_waiting(delta, choices))
-    }
+    /// The elements of an array, after its `[`: `element` reads each.
+    fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()>;
 
-    /// Whether a value is more than a placeholder: not `null`, and not an
-    /// empty string, array or object.
-    fn something(&mut self) -> Option<bool> {
-        self.carries(|scan| scan.any_member(|scan, _| scan.skip_value().map(|()| true)))
-    }
+    /// The members of an object, after its `{`: `member` reads the value of
+    /// each, given its name.
+    fn members(&mut self, member: impl FnMut(&mut Self, Self::Str) -> Option<()>) -> Option<()>;
 
-    /// Whether a value carries something: a scalar other than `null` or
-    /// `""`, an array with an element; an object as `object` (called after
-    /// its `{`) says.
-    fn carries(&mut self, object: impl FnOnce(&mut Self) -> Option<bool>) -> Option<bool> {
-        Some(match self.value()? {
-            Value::Null => false,
-            Value::Scalar => true,
-            Value::String(text) => !text.is_empty(),
-            Value::Array => {
-                let mut any = false;
-                self.elements(|scan| {
-                    any = true;
-                    scan.skip_value()
-                })?;
-                any
-            }
-            Value::Object => object(self)?,
-        })
-    }
-
-    /// Whether `member` says yes of any member of an object, after its `{`.
-    /// It reads every member's value, as serde_json does.
-    fn any_member(
+    /// The members of an object, after its `{`: `read` reads the value of
+    /// each member named `names[i]`, given `i`; the others are skipped.
+    fn named_members(
         &mut self,
-        mut member: impl FnMut(&mut Self, JsonStr<'a>) -> Option<bool>,
-    ) -> Option<bool> {
-        let mut any = false;
-        self.members(|scan, name| {
-            any |= member(scan, name)?;
-            Some(())
-        })?;
-        Some(any)
-    }
+        names: &[&[u8]],
+        read: impl FnMut(&mut Self, usize) -> Option<()>,
+    ) -> Option<()>;
 
-    /// Whether a value is the string `expected`.
-    fn is_str(&mut self, expected: &[u8]) -> Option<bool> {
-        match self.value()? {
-            Value::String(text) => Some(*text.meaning() == *expected),
-            other => self.drain(other).map(|()| false),
+    /// Skips a value the judgement does not read.
+    fn skip_value(&mut self) -> Option<()>;
+
+    /// Reads to its end a value whose start was read, but which the
+    /// judgement does not look into (a `type` that is an object, say): an
+    /// array's elements are skipped, an object's member names read and its
+    /// values skipped.
+    #[inline]
+    fn drain(&mut self, start: Start<Self::Str>) -> Option<()> {
+        match start {
+            Start::Array => self.elements(Self::skip_value),
+            Start::Object => self.members(|reader, _| reader.skip_value()),
+            Start::Null | Start::Scalar | Start::String(_) => Some(()),
         }
     }
+}
 
-    /// What an event's `type` says.
-    fn kind(&mut self) -> Option<Kind> {
-        match self.value()? {
-            // The meaning of a valid string is UTF-8.
-            Value::String(kind) => {
-                Some(std::str::from_utf8(&kind.meaning()).map_or(Kind::Other, kind_of))
+/// The event, after its `{`: whether it ends waiting.
+fn event<'a>(reader: &mut impl Reader<'a>) -> Option<bool> {
+    let mut error = false;
+    let mut object_is_error = false;
+    let mut choices = None;
+    let mut kind = Kind::default();
+    let mut delta = false;
+    let names: [&[u8]; 5] = [b"error", b"object", b"choices", b"type", b"delta"];
+    reader.named_members(&names, |reader, member| {
+        match member {
+            0 => error = something(reader)?,
+            1 => object_is_error = is_str(reader, b"error")?,
+            2 => choices = self::choices(reader)?,
+            3 => kind = self::kind(reader)?,
+            _ => delta = payload(reader)?,
+        }
+        Some(())
+    })?;
+    Some(error || object_is_error || kind.ends_waiting(delta, choices))
+}
+
+/// Whether a value is more than a placeholder: not `null`, and not an
+/// empty string, array or object.
+fn something<'a, R: Reader<'a>>(reader: &mut R) -> Option<bool> {
+    carries(reader, |reader| {
+        any_member(reader, |reader, _| reader.skip_value().map(|()| true))
+    })
+}
+
+/// Whether a value carries something: a scalar other than `null` or `""`,
+/// an array with an element; an object as `object` (called after its `{`)
+/// says.
+fn carries<'a, R: Reader<'a>>(
+    reader: &mut R,
+    object: impl FnOnce(&mut R) -> Option<bool>,
+) -> Option<bool> {
+    Some(match reader.value()? {
+        Start::Null => false,
+        Start::Scalar => true,
+        Start::String(text) => !text.is_empty(),
+        Start::Array => {
+            let mut any = false;
+            reader.elements(|reader| {
+                any = true;
+                reader.skip_value()
+            })?;
+            any
+        }
+        Start::Object => object(reader)?,
+    })
+}
+
+/// Whether `member` says yes of any member of an object, after its `{`.
+/// It reads every member's value, as serde_json does.
+fn any_member<'a, R: Reader<'a>>(
+    reader: &mut R,
+    mut member: impl FnMut(&mut R, R::Str) -> Option<bool>,
+) -> Option<bool> {
+    let mut any = false;
+    reader.members(|reader, name| {
+        any |= member(reader, name)?;
+        Some(())
+    })?;
+    Some(any)
+}
+
+/// Whether a value is the string `expected`.
+fn is_str<'a>(reader: &mut impl Reader<'a>, expected: &[u8]) -> Option<bool> {
+    match reader.value()? {
+        Start::String(text) => Some(*text.meaning() == *expected),
+        other => reader.drain(other).map(|()| false),
+    }
+}
+
+/// What an event's `type` says.
+fn kind<'a>(reader: &mut impl Reader<'a>) -> Option<Kind> {
+    match reader.value()? {
+        // The meaning of a valid string is UTF-8.
+        Start::String(kind) => {
+            Some(std::str::from_utf8(&kind.meaning()).map_or(Kind::Other, kind_of))
+        }
+        other => reader.drain(other).map(|()| Kind::Unnamed),
+    }
+}
+
+/// An event's `delta`: whether it carries a payload. A string or array does
+/// when not empty; an object (Anthropic's `{"type":"text_delta",
+/// "text":"…"}`) when a member other than `type` carries something.
+fn payload<'a>(reader: &mut impl Reader<'a>) -> Option<bool> {
+    carries(reader, |reader| {
+        any_member(reader, |reader, name| {
+            if *name.meaning() == *b"type" {
+                reader.skip_value().map(|()| false)
+            } else {
+                something(reader)
             }
-            other => self.drain(other).map(|()| Kind::Unnamed),
-        }
-    }
-
-    /// An event's `delta`: whether it carries a payload. A string or array
-    /// does when not empty; an object (Anthropic's `{"type":"text_delta",
-    /// "text":"…"}`) when a member other than `type` carries something.
-    fn payload(&mut self) -> Option<bool> {
-        self.carries(|scan| {
-            scan.any_member(|scan, name| {
-                if *name.meaning() == *b"type" {
-                    scan.skip_value().map(|()| false)
-                } else {
-                    scan.something()
-                }
-            })
         })
-    }
+    })
+}
 
-    /// `choices`: for an array, whether any choice carries output or a
-    /// finish reason; `None` for any other value.
-    fn choices(&mut self) -> Option<Option<bool>> {
-        match self.value()? {
-            Value::Array => {
-                let mut any = false;
-                self.elements(|scan| {
-                    any |= scan.choice()?;
-                    Some(())
-                })?;
-                Some(Some(any))
-            }
-            other => self.drain(other).map(|()| None),
+/// `choices`: for an array, whether any choice carries output or a finish
+/// reason; `None` for any other value.
+fn choices<'a>(reader: &mut impl Reader<'a>) -> Option<Option<bool>> {
+    match reader.value()? {
+        Start::Array => {
+            let mut any = false;
+            reader.elements(|reader| {
+                any |= choice(reader)?;
+                Some(())
+            })?;
+            Some(Some(any))
         }
+        other => reader.drain(other).map(|()| None),
     }
+}
 
-    /// One choice: a `finish_reason`, completion `text`, or an output
-    /// member of its `delta`. Only an object can say yes.
-    fn choice(&mut self) -> Option<bool> {
-        let value = self.value()?;
-        if !matches!(value, Value::Object) {
-            return self.drain(value).map(|()| false);
-        }
-        let mut finished = false;
-        let mut text = false;
-        let mut delta = false;
-        let names: [&[u8]; 3] = [b"finish_reason", b"text", b"delta"];
-        self.named_members(&names, |scan, member| {
-            match member {
-                0 => finished = scan.something()?,
-                1 => text = scan.something()?,
-                _ => delta = scan.delta()?,
-            }
-            Some(())
-        })?;
-        Some(finished || text || delta)
+/// One choice: a `finish_reason`, completion `text`, or an output member of
+/// its `delta`. Only an object can say yes.
+fn choice<'a>(reader: &mut impl Reader<'a>) -> Option<bool> {
+    let start = reader.value()?;
+    if !matches!(start, Start::Object) {
+        return reader.drain(start).map(|()| false);
     }
+    let mut finished = false;
+    let mut text = false;
+    let mut delta = false;
+    let names: [&[u8]; 3] = [b"finish_reason", b"text", b"delta"];
+    reader.named_members(&names, |reader, member| {
+        match member {
+            0 => finished = something(reader)?,
+            1 => text = something(reader)?,
+            _ => delta = self::delta(reader)?,
+        }
+        Some(())
+    })?;
+    Some(finished || text || delta)
+}
 
-    /// A chat `delta`: whether any output member carries something (each
-    /// member's last occurrence counts). Only an object can say yes.
-    fn delta(&mut self) -> Option<bool> {
-        let value = self.value()?;
-        if !matches!(value, Value::Object) {
-            return self.drain(value).map(|()| false);
-        }
-        let mut carries = [false; OUTPUT_DELTA_MEMBERS.len()];
-        let names = OUTPUT_DELTA_MEMBERS.map(str::as_bytes);
-        self.named_members(&names, |scan, member| {
-            carries[member] = scan.something()?;
-            Some(())
-        })?;
-        Some(carries.contains(&true))
+/// A chat `delta`: whether any output member carries something (each
+/// member's last occurrence counts). Only an object can say yes.
+fn delta<'a>(reader: &mut impl Reader<'a>) -> Option<bool> {
+    let start = reader.value()?;
+    if !matches!(start, Start::Object) {
+        return reader.drain(start).map(|()| false);
     }
+    let mut carries = [false; OUTPUT_DELTA_MEMBERS.len()];
+    let names = OUTPUT_DELTA_MEMBERS.map(str::as_bytes);
+    reader.named_members(&names, |reader, member| {
+        carries[member] = something(reader)?;
+        Some(())
+    })?;
+    Some(carries.contains(&true))
 }
 
 #[cfg(test)]

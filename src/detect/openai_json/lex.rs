@@ -1,22 +1,67 @@
-//! The JSON lexing under the chunk judge: reading a value the judgement
-//! visits, skipping one it ignores, strings with their escapes checked as
-//! serde_json checks them, and numbers; all without building anything.
+//! The full scan's reading of JSON under the chunk judge: reading a value
+//! the judgement visits, skipping one it ignores, strings with their
+//! escapes checked as serde_json checks them, and numbers; all without
+//! building anything.
 
 use std::borrow::Cow;
 
-use super::Scan;
+use super::{Reader, Start, Text};
 use crate::detect::swar;
 
-/// The start of a value the judgement reads: a scalar read whole (and
-/// checked as serde_json checks a value it visits), or the opening bracket
-/// of an array or object, whose contents the caller reads.
-pub(super) enum Value<'a> {
-    Null,
-    /// `true`, `false` or a number.
-    Scalar,
-    String(JsonStr<'a>),
-    Array,
-    Object,
+/// A position in a document, and the reading of bytes both passes share.
+pub(super) struct Cursor<'a> {
+    pub(super) bytes: &'a [u8],
+    pub(super) at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of `bytes`.
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Cursor { bytes, at: 0 }
+    }
+
+    #[inline]
+    pub(super) fn byte(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    #[inline]
+    pub(super) fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.byte() {
+            self.at += 1;
+        }
+    }
+
+    /// The next byte after whitespace, not taken.
+    #[inline]
+    pub(super) fn peek(&mut self) -> Option<u8> {
+        match self.byte()? {
+            // Chunks are mostly written without whitespace.
+            byte if byte > b' ' => Some(byte),
+            _ => {
+                self.skip_whitespace();
+                self.byte()
+            }
+        }
+    }
+
+    /// Takes `word` if the bytes at the position spell it.
+    pub(super) fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let end = self.at + word.len();
+        (self.bytes.get(self.at..end)? == word).then(|| self.at = end)
+    }
+
+    /// Whether only whitespace is left.
+    pub(super) fn at_end(&mut self) -> bool {
+        self.skip_whitespace();
+        self.at == self.bytes.len()
+    }
+}
+
+/// The full scan: each method reads one piece of JSON and returns `None`
+/// where the document is not valid JSON.
+pub(super) struct Scan<'a> {
+    cursor: Cursor<'a>,
 }
 
 /// A string as written between its quotes, known to be valid.
@@ -27,10 +72,10 @@ pub(super) struct JsonStr<'a> {
     escaped: bool,
 }
 
-impl<'a> JsonStr<'a> {
+impl<'a> Text<'a> for JsonStr<'a> {
     /// The string meant, as UTF-8; copied only when written with escapes.
     #[inline]
-    pub(super) fn meaning(self) -> Cow<'a, [u8]> {
+    fn meaning(self) -> Cow<'a, [u8]> {
         if self.escaped {
             Cow::Owned(unescape(self.raw))
         } else {
@@ -40,7 +85,7 @@ impl<'a> JsonStr<'a> {
 
     /// Whether the string meant is empty: every escape means a character.
     #[inline]
-    pub(super) fn is_empty(self) -> bool {
+    fn is_empty(self) -> bool {
         self.raw.is_empty()
     }
 }
@@ -104,39 +149,30 @@ pub(super) enum Surrogates {
     Unchecked,
 }
 
-impl<'a> Scan<'a> {
-    /// Reads to its end a value the judgement reads but does not look into
-    /// (a `type` that is an object, say): an array's elements are skipped,
-    /// an object's member names read as strings and its values skipped.
-    pub(super) fn drain(&mut self, value: Value<'a>) -> Option<()> {
-        match value {
-            Value::Array => self.elements(Self::skip_value),
-            Value::Object => self.members(|scan, _| scan.skip_value()),
-            Value::Null | Value::Scalar | Value::String(_) => Some(()),
-        }
-    }
+impl<'a> Reader<'a> for Scan<'a> {
+    type Str = JsonStr<'a>;
 
-    /// Reads the start of a value the judgement reads.
-    pub(super) fn value(&mut self) -> Option<Value<'a>> {
-        let value = match self.peek()? {
-            b'[' => Value::Array,
-            b'{' => Value::Object,
-            b'"' => return self.string(Surrogates::Checked).map(Value::String),
-            b'n' => return self.literal("null").map(|()| Value::Null),
-            first => return self.scalar(first, true).map(|()| Value::Scalar),
+    /// Reads the start of a value the judgement reads, a scalar checked as
+    /// serde_json checks a value it visits.
+    fn value(&mut self) -> Option<Start<JsonStr<'a>>> {
+        let start = match self.cursor.peek()? {
+            b'[' => Start::Array,
+            b'{' => Start::Object,
+            b'"' => return self.string(Surrogates::Checked).map(Start::String),
+            b'n' => return self.cursor.literal(b"null").map(|()| Start::Null),
+            first => return self.scalar(first, true).map(|()| Start::Scalar),
         };
-        self.at += 1;
-        Some(value)
+        self.cursor.at += 1;
+        Some(start)
     }
 
-    /// The elements of an array, after its `[`: `element` reads each.
-    pub(super) fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+    fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
         self.items(b']', element)
     }
 
     /// The members of an object, after its `{`: each name is read as a
     /// string serde_json visits, and `member` reads its value.
-    pub(super) fn members(
+    fn members(
         &mut self,
         mut member: impl FnMut(&mut Self, JsonStr<'a>) -> Option<()>,
     ) -> Option<()> {
@@ -146,34 +182,7 @@ impl<'a> Scan<'a> {
         })
     }
 
-    /// Items up to `close`: `item` reads each, and this the commas between
-    /// them and `close`. After a comma, `item` refuses `close`: JSON has no
-    /// trailing commas.
-    pub(super) fn items(
-        &mut self,
-        close: u8,
-        mut item: impl FnMut(&mut Self) -> Option<()>,
-    ) -> Option<()> {
-        if self.peek()? == close {
-            self.at += 1;
-            return Some(());
-        }
-        loop {
-            item(self)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                byte if byte == close => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
-    }
-
-    /// The members of an object, after its `{`: `read` reads the value of
-    /// each member named `names[i]`, given `i`; the others are skipped.
-    pub(super) fn named_members(
+    fn named_members(
         &mut self,
         names: &[&[u8]],
         mut read: impl FnMut(&mut Self, usize) -> Option<()>,
@@ -187,32 +196,22 @@ impl<'a> Scan<'a> {
         })
     }
 
-    /// A member's name and the `:` after it.
-    pub(super) fn name(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
-        if self.peek()? != b'"' {
-            return None;
-        }
-        let name = self.string(surrogates)?;
-        self.take(b':')?;
-        Some(name)
-    }
-
     /// Skips a value as serde_json ignores one: to any depth, keeping a bit
     /// per level of nesting (on the heap only past 64 levels), with strings'
     /// surrogates and numbers' range unchecked.
-    pub(super) fn skip_value(&mut self) -> Option<()> {
-        let first = self.peek()?;
+    fn skip_value(&mut self) -> Option<()> {
+        let first = self.cursor.peek()?;
         if !matches!(first, b'[' | b'{') {
             return self.skip_scalar(first);
         }
         let mut open = Nesting::default();
         loop {
-            match self.peek()? {
+            match self.cursor.peek()? {
                 bracket @ (b'[' | b'{') => {
-                    self.at += 1;
+                    self.cursor.at += 1;
                     let object = bracket == b'{';
-                    if self.peek()? == if object { b'}' } else { b']' } {
-                        self.at += 1;
+                    if self.cursor.peek()? == if object { b'}' } else { b']' } {
+                        self.cursor.at += 1;
                     } else {
                         open.push(object);
                         if object {
@@ -228,18 +227,18 @@ impl<'a> Scan<'a> {
                 let Some(object) = open.innermost() else {
                     return Some(());
                 };
-                match (self.peek()?, object) {
+                match (self.cursor.peek()?, object) {
                     (b',', false) => {
-                        self.at += 1;
+                        self.cursor.at += 1;
                         break;
                     }
                     (b',', true) => {
-                        self.at += 1;
+                        self.cursor.at += 1;
                         self.name(Surrogates::Unchecked)?;
                         break;
                     }
                     (b']', false) | (b'}', true) => {
-                        self.at += 1;
+                        self.cursor.at += 1;
                         open.pop();
                     }
                     _ => return None,
@@ -247,87 +246,132 @@ impl<'a> Scan<'a> {
             }
         }
     }
+}
+
+impl<'a> Scan<'a> {
+    /// A scan of `bytes` from their start.
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Scan {
+            cursor: Cursor::new(bytes),
+        }
+    }
+
+    /// Takes `expected` as the next byte after whitespace.
+    pub(super) fn take(&mut self, expected: u8) -> Option<()> {
+        (self.cursor.peek()? == expected).then(|| self.cursor.at += 1)
+    }
+
+    /// Whether only whitespace is left.
+    pub(super) fn at_end(&mut self) -> bool {
+        self.cursor.at_end()
+    }
+
+    /// Items up to `close`: `item` reads each, and this the commas between
+    /// them and `close`. After a comma, `item` refuses `close`: JSON has no
+    /// trailing commas.
+    fn items(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        if self.cursor.peek()? == close {
+            self.cursor.at += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            match self.cursor.peek()? {
+                b',' => self.cursor.at += 1,
+                byte if byte == close => {
+                    self.cursor.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// A member's name and the `:` after it.
+    fn name(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
+        if self.cursor.peek()? != b'"' {
+            return None;
+        }
+        let name = self.string(surrogates)?;
+        self.take(b':')?;
+        Some(name)
+    }
 
     /// A string, `null`, `true`, `false` or a number, starting with
     /// `first`, as serde_json ignores one.
-    pub(super) fn skip_scalar(&mut self, first: u8) -> Option<()> {
+    fn skip_scalar(&mut self, first: u8) -> Option<()> {
         match first {
             b'"' => self.string(Surrogates::Unchecked).map(drop),
-            b'n' => self.literal("null"),
+            b'n' => self.cursor.literal(b"null"),
             first => self.scalar(first, false),
         }
     }
 
     /// `true`, `false` or a number, starting with `first`. A number is
     /// `checked` as serde_json checks one it visits: it must fit an `f64`.
-    pub(super) fn scalar(&mut self, first: u8, checked: bool) -> Option<()> {
+    fn scalar(&mut self, first: u8, checked: bool) -> Option<()> {
         match first {
-            b't' => self.literal("true"),
-            b'f' => self.literal("false"),
+            b't' => self.cursor.literal(b"true"),
+            b'f' => self.cursor.literal(b"false"),
             b'-' | b'0'..=b'9' => self.number(checked),
             _ => None,
         }
     }
 
-    pub(super) fn literal(&mut self, word: &str) -> Option<()> {
-        let end = self.at + word.len();
-        (self.bytes.get(self.at..end)? == word.as_bytes()).then(|| self.at = end)
-    }
-
     /// A number, as JSON writes it.
-    pub(super) fn number(&mut self, checked: bool) -> Option<()> {
-        let start = self.at;
-        if self.byte() == Some(b'-') {
-            self.at += 1;
+    fn number(&mut self, checked: bool) -> Option<()> {
+        let start = self.cursor.at;
+        if self.cursor.byte() == Some(b'-') {
+            self.cursor.at += 1;
         }
-        match self.byte()? {
+        match self.cursor.byte()? {
             // One leading zero, no more.
-            b'0' => self.at += 1,
+            b'0' => self.cursor.at += 1,
             b'1'..=b'9' => self.digits(),
             _ => return None,
         }
-        let integer = self.at;
-        if self.byte() == Some(b'.') {
-            self.at += 1;
+        let integer = self.cursor.at;
+        if self.cursor.byte() == Some(b'.') {
+            self.cursor.at += 1;
             self.some_digits()?;
         }
-        if let Some(b'e' | b'E') = self.byte() {
-            self.at += 1;
-            if let Some(b'+' | b'-') = self.byte() {
-                self.at += 1;
+        if let Some(b'e' | b'E') = self.cursor.byte() {
+            self.cursor.at += 1;
+            if let Some(b'+' | b'-') = self.cursor.byte() {
+                self.cursor.at += 1;
             }
             self.some_digits()?;
         }
         // An integer of up to 20 characters fits any way serde_json reads
         // it. Anything else (rare where the judgement reads) is read by
         // serde_json itself, whose features decide what is out of range.
-        if checked && (self.at != integer || self.at - start > 20) {
-            let number = self.bytes.get(start..self.at)?;
+        if checked && (self.cursor.at != integer || self.cursor.at - start > 20) {
+            let number = self.cursor.bytes.get(start..self.cursor.at)?;
             let mut deserializer = serde_json::Deserializer::from_slice(number);
             serde::Deserializer::deserialize_any(&mut deserializer, serde::de::IgnoredAny).ok()?;
         }
         Some(())
     }
 
-    pub(super) fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.byte() {
-            self.at += 1;
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.cursor.byte() {
+            self.cursor.at += 1;
         }
     }
 
     /// At least one digit.
-    pub(super) fn some_digits(&mut self) -> Option<()> {
-        let start = self.at;
+    fn some_digits(&mut self) -> Option<()> {
+        let start = self.cursor.at;
         self.digits();
-        (self.at > start).then_some(())
+        (self.cursor.at > start).then_some(())
     }
 
     /// A string, at its opening quote, through its closing one: no control
     /// characters, only JSON's escapes, valid UTF-8. Plain bytes are passed
     /// over eight at a time, since strings are most of a chunk's bytes.
-    pub(super) fn string(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
-        let bytes = self.bytes;
-        let start = self.at + 1;
+    fn string(&mut self, surrogates: Surrogates) -> Option<JsonStr<'a>> {
+        let bytes = self.cursor.bytes;
+        let start = self.cursor.at + 1;
         let mut at = start;
         let mut escaped = false;
         // The bytes passed over, OR-ed: their high bits say whether all
@@ -350,9 +394,9 @@ impl<'a> Scan<'a> {
                 b'"' => break,
                 b'\\' => {
                     escaped = true;
-                    self.at = at + 1;
+                    self.cursor.at = at + 1;
                     self.escape(surrogates)?;
-                    at = self.at;
+                    at = self.cursor.at;
                 }
                 0..=0x1F => return None,
                 byte => {
@@ -362,7 +406,7 @@ impl<'a> Scan<'a> {
             }
         }
         let raw = &bytes[start..at];
-        self.at = at + 1;
+        self.cursor.at = at + 1;
         if seen & swar::HIGH_BITS != 0 {
             std::str::from_utf8(raw).ok()?;
         }
@@ -370,9 +414,9 @@ impl<'a> Scan<'a> {
     }
 
     /// An escape, after its `\`.
-    pub(super) fn escape(&mut self, surrogates: Surrogates) -> Option<()> {
-        let letter = self.byte()?;
-        self.at += 1;
+    fn escape(&mut self, surrogates: Surrogates) -> Option<()> {
+        let letter = self.cursor.byte()?;
+        self.cursor.at += 1;
         match letter {
             b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(()),
             b'u' => {
@@ -382,7 +426,7 @@ impl<'a> Scan<'a> {
                     (Surrogates::Checked, 0xDC00..=0xDFFF) => None,
                     // A high surrogate: a low one must follow.
                     (Surrogates::Checked, 0xD800..=0xDBFF) => {
-                        self.literal("\\u")?;
+                        self.cursor.literal(b"\\u")?;
                         matches!(self.hex_unit()?, 0xDC00..=0xDFFF).then_some(())
                     }
                     (Surrogates::Checked, _) => Some(()),
@@ -392,9 +436,9 @@ impl<'a> Scan<'a> {
         }
     }
 
-    pub(super) fn hex_unit(&mut self) -> Option<u16> {
-        let unit = hex_unit(self.bytes.get(self.at..self.at + 4))?;
-        self.at += 4;
+    fn hex_unit(&mut self) -> Option<u16> {
+        let unit = hex_unit(self.cursor.bytes.get(self.cursor.at..self.cursor.at + 4))?;
+        self.cursor.at += 4;
         Some(unit)
     }
 }
