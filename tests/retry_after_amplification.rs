@@ -29,34 +29,17 @@
 //! ```
 #![cfg(feature = "route")]
 
-#[path = "support/rng.rs"]
-mod rng;
+#[path = "support/amplification.rs"]
+mod amplification;
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use tokio::time::{Instant, sleep};
-use tower::balance::p2c::Balance;
-use tower::buffer::Buffer;
-use tower::discover::ServiceList;
-use tower::retry::Retry;
-use tower::retry::budget::TpsBudget;
-use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_admission::route::{Deadline, OverloadRetry, WorkerHandle, WorkerLayer};
-use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
+use amplification::{DEADLINE, OVERLOAD, RUN, RUNNING, WORK, WORKERS, unlimited_budget};
+use tokio::time::Instant;
+use tower_admission::route::{OverloadRetry, WorkerLayer};
+use tower_admission::{AdmissionConfig, Gate};
 
-const WORKERS: usize = 3;
-const RUNNING: usize = 4;
 const QUEUED: usize = 16;
-const WORK: Duration = Duration::from_secs(1);
-const OVERLOAD: f64 = 3.0;
-const RUN: Duration = Duration::from_secs(120);
-const DEADLINE: Duration = Duration::from_secs(10);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 const SEED: u64 = 0x5eed_0024;
 
@@ -81,12 +64,6 @@ impl Outcome {
     }
 }
 
-/// The handler behind each gate: `WORK` per request.
-async fn work(_: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
-    sleep(WORK).await;
-    Ok(Response::new(Full::new(Bytes::from_static(b"done"))))
-}
-
 fn gate(drain_rate: bool) -> Gate {
     let config = AdmissionConfig::new()
         .engine_request_limit(RUNNING)
@@ -100,19 +77,6 @@ fn gate(drain_rate: bool) -> Gate {
     })
 }
 
-/// The routed call as a named `Send` future (see `route_amplification.rs`).
-fn routed<S, R>(
-    service: S,
-    request: R,
-) -> impl Future<Output = Result<S::Response, S::Error>> + Send
-where
-    S: Service<R> + Send,
-    S::Future: Send,
-    R: Send,
-{
-    service.oneshot(request)
-}
-
 /// Offers `OVERLOAD` times the workers' capacity for `RUN`, Poisson
 /// arrivals, each request with a `DEADLINE`.
 async fn offer(drain_rate: bool, cooldowns: bool) -> Outcome {
@@ -121,47 +85,17 @@ async fn offer(drain_rate: bool, cooldowns: bool) -> Outcome {
         (true, true) => WorkerLayer::new().max_cooldown(MAX_RETRY_AFTER),
         (true, false) => WorkerLayer::new(),
     };
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|_| workers.layer(AdmissionLayer::new(gate(drain_rate)).layer(service_fn(work))))
-        .collect();
-    let handles: Vec<WorkerHandle> = workers.iter().map(|worker| worker.handle()).collect();
-    let balance = Balance::new(ServiceList::new(workers));
     // Clients that retry every rejection: no budget to hold them back.
-    let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 1_000_000, 1000.0));
-    let policy = OverloadRetry::new(budget);
+    let policy = OverloadRetry::new(unlimited_budget());
     let policy = if drain_rate {
         policy.max_retry_after(MAX_RETRY_AFTER)
     } else {
         policy
     };
-    let frontend = Retry::new(policy, Buffer::new(balance, 1024));
-
-    let capacity = (WORKERS * RUNNING) as f64 / WORK.as_secs_f64();
-    let rate = OVERLOAD * capacity;
-    let mut rng = rng::Rng::new(SEED);
-    let end = Instant::now() + RUN;
-    let mut calls = Vec::new();
-    while Instant::now() < end {
-        // Exponential gaps: u in (0, 1].
-        let u = ((rng.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-        sleep(Duration::from_secs_f64(-u.ln() / rate)).await;
-        let mut request = Request::post("/v1/completions")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
-        request.extensions_mut().insert(Deadline::after(DEADLINE));
-        let frontend = frontend.clone();
-        calls.push(tokio::spawn(async move {
-            let sent = Instant::now();
-            let response = routed(frontend, request).await.expect("routed");
-            let status = response.status().as_u16();
-            response.into_body().collect().await.ok();
-            (status, sent.elapsed())
-        }));
-    }
-    let requests = calls.len();
+    let offered = amplification::offer(workers, || gate(drain_rate), policy, SEED).await;
     let (mut ok, mut good, mut overloaded) = (0, 0, 0);
-    for call in calls {
-        match call.await.unwrap() {
+    for &answer in &offered.answers {
+        match answer {
             (200, took) => {
                 ok += 1;
                 good += usize::from(took <= DEADLINE);
@@ -171,8 +105,8 @@ async fn offer(drain_rate: bool, cooldowns: bool) -> Outcome {
         }
     }
     Outcome {
-        requests,
-        sends: handles.iter().map(|handle| handle.stats().requests).sum(),
+        requests: offered.answers.len(),
+        sends: offered.sends,
         ok,
         good,
         overloaded,

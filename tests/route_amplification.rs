@@ -15,33 +15,18 @@
 //! ```
 #![cfg(feature = "route")]
 
-#[path = "support/rng.rs"]
-mod rng;
+#[path = "support/amplification.rs"]
+mod amplification;
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use tokio::time::{Instant, sleep};
-use tower::balance::p2c::Balance;
-use tower::buffer::Buffer;
-use tower::discover::ServiceList;
-use tower::retry::Retry;
+use amplification::{OVERLOAD, RUN, RUNNING, WORK, WORKERS, unlimited_budget};
 use tower::retry::budget::TpsBudget;
-use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_admission::route::{Deadline, OverloadRetry, Worker, WorkerHandle};
-use tower_admission::{AdmissionConfig, AdmissionLayer, Gate};
+use tower_admission::route::{OverloadRetry, WorkerLayer};
+use tower_admission::{AdmissionConfig, Gate};
 
-const WORKERS: usize = 3;
-const RUNNING: usize = 4;
 const QUEUED: usize = 4;
-const WORK: Duration = Duration::from_secs(1);
-const OVERLOAD: f64 = 3.0;
-const RUN: Duration = Duration::from_secs(120);
 const SEED: u64 = 0x5eed_0012;
 
 #[derive(Debug)]
@@ -58,12 +43,6 @@ impl Outcome {
     }
 }
 
-/// The handler behind each gate: `WORK` per request.
-async fn work(_: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
-    sleep(WORK).await;
-    Ok(Response::new(Full::new(Bytes::from_static(b"done"))))
-}
-
 fn gate() -> Gate {
     Gate::new(
         AdmissionConfig::new()
@@ -73,66 +52,21 @@ fn gate() -> Gate {
     )
 }
 
-/// The routed call as a named `Send` future: written inline in the task,
-/// the compiler cannot prove its future `Send` (the balancer's error
-/// conversions are checked for every lifetime).
-fn routed<S, R>(
-    service: S,
-    request: R,
-) -> impl Future<Output = Result<S::Response, S::Error>> + Send
-where
-    S: Service<R> + Send,
-    S::Future: Send,
-    R: Send,
-{
-    service.oneshot(request)
-}
-
 /// Offers `OVERLOAD` times the workers' capacity for `RUN`, Poisson
 /// arrivals, each request with a ten-second deadline.
 async fn offer(policy: OverloadRetry) -> Outcome {
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|_| Worker::new(AdmissionLayer::new(gate()).layer(service_fn(work))))
-        .collect();
-    let handles: Vec<WorkerHandle> = workers.iter().map(Worker::handle).collect();
-    let balance = Balance::new(ServiceList::new(workers));
-    let frontend = Retry::new(policy, Buffer::new(balance, 1024));
-
-    let capacity = (WORKERS * RUNNING) as f64 / WORK.as_secs_f64();
-    let rate = OVERLOAD * capacity;
-    let mut rng = rng::Rng::new(SEED);
-    let end = Instant::now() + RUN;
-    let mut calls = Vec::new();
-    while Instant::now() < end {
-        // Exponential gaps: u in (0, 1].
-        let u = ((rng.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-        sleep(Duration::from_secs_f64(-u.ln() / rate)).await;
-        let mut request = Request::post("/v1/completions")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
-        request
-            .extensions_mut()
-            .insert(Deadline::after(Duration::from_secs(10)));
-        let frontend = frontend.clone();
-        calls.push(tokio::spawn(async move {
-            let response = routed(frontend, request).await.expect("routed");
-            let status = response.status().as_u16();
-            response.into_body().collect().await.ok();
-            status
-        }));
-    }
-    let requests = calls.len();
+    let offered = amplification::offer(WorkerLayer::new(), gate, policy, SEED).await;
     let (mut ok, mut overloaded) = (0, 0);
-    for call in calls {
-        match call.await.unwrap() {
+    for &(status, _) in &offered.answers {
+        match status {
             200 => ok += 1,
             529 => overloaded += 1,
             other => panic!("unexpected status {other}"),
         }
     }
     Outcome {
-        requests,
-        sends: handles.iter().map(|handle| handle.stats().requests).sum(),
+        requests: offered.answers.len(),
+        sends: offered.sends,
         ok,
         overloaded,
     }
@@ -144,12 +78,7 @@ async fn retry_amplification_under_sustained_triple_overload_stays_within_the_bu
         Arc::new(OverloadRetry::default_budget()),
     ))
     .await;
-    let unlimited = offer(OverloadRetry::new(Arc::new(TpsBudget::new(
-        Duration::from_secs(10),
-        1_000_000,
-        1000.0,
-    ))))
-    .await;
+    let unlimited = offer(OverloadRetry::new(unlimited_budget())).await;
     let none = offer(OverloadRetry::new(Arc::new(TpsBudget::new(
         Duration::from_secs(10),
         0,
