@@ -16,9 +16,10 @@
     feature = "metrics"
 ))]
 
+#[path = "support/exposition.rs"]
+mod exposition;
 mod support;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use exposition::{Exposition, FAMILIES};
 use support::{FOREVER, PATIENCE, Process, Server, within};
 
 /// A whole HTTP answer.
@@ -167,12 +169,12 @@ impl Client {
         held
     }
 
-    async fn metrics(&self) -> Metrics {
+    async fn metrics(&self) -> Exposition {
         let response = within(self.http.get(format!("{}/metrics", self.url)).send())
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        Metrics::parse(&within(response.text()).await.unwrap())
+        Exposition::parse(&within(response.text()).await.unwrap())
     }
 }
 
@@ -198,55 +200,6 @@ impl Held {
                 .expect("the stream ended");
             self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
         }
-    }
-}
-
-/// A Prometheus exposition: `# TYPE`s, and samples by name and sorted
-/// labels.
-struct Metrics {
-    text: String,
-    types: BTreeMap<String, String>,
-    samples: BTreeMap<String, f64>,
-}
-
-impl Metrics {
-    fn parse(text: &str) -> Metrics {
-        let mut types = BTreeMap::new();
-        let mut samples = BTreeMap::new();
-        for line in text.lines().filter(|line| !line.is_empty()) {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap();
-                types.insert(name.to_owned(), kind.to_owned());
-            } else if !line.starts_with('#') {
-                let (series, value) = line.rsplit_once(' ').unwrap();
-                let (name, labels) = match series.split_once('{') {
-                    Some((name, labels)) => (name, labels.strip_suffix('}').unwrap()),
-                    None => (series, ""),
-                };
-                let mut labels: Vec<&str> = labels.split(',').filter(|l| !l.is_empty()).collect();
-                labels.sort_unstable();
-                samples.insert(
-                    format!("{name}{{{}}}", labels.join(",")),
-                    value.parse().unwrap(),
-                );
-            }
-        }
-        Metrics {
-            text: text.to_owned(),
-            types,
-            samples,
-        }
-    }
-
-    #[track_caller]
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-        labels.sort_unstable();
-        let key = format!("{name}{{{}}}", labels.join(","));
-        *self
-            .samples
-            .get(&key)
-            .unwrap_or_else(|| panic!("no sample {key} in\n{}", self.text))
     }
 }
 
@@ -495,20 +448,7 @@ async fn a_burst_gets_exactly_the_admissions_queue_places_and_overload_answers_t
         assert_eq!(count("request_queue_count", &[dp_rank]), 0.0, "{rank}");
     }
     // Every family of SPEC §6, typed; histograms with buckets per rank.
-    for (suffix, kind) in [
-        ("engine_request_count", "gauge"),
-        ("engine_request_waiting_count", "gauge"),
-        ("request_queue_count", "gauge"),
-        ("request_receive_total", "counter"),
-        ("request_admit_total", "counter"),
-        ("rejection_total", "counter"),
-        ("cancellation_total", "counter"),
-        ("engine_request_limit", "gauge"),
-        ("engine_request_waiting_limit", "gauge"),
-        ("request_queue_limit", "gauge"),
-        ("request_queue_wait_seconds", "histogram"),
-        ("engine_request_waiting_seconds", "histogram"),
-    ] {
+    for (suffix, kind) in FAMILIES {
         let family = format!("example_{suffix}");
         assert_eq!(
             metrics.types.get(&family).map(String::as_str),

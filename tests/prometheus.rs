@@ -14,74 +14,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder
 use tower::{Layer, ServiceExt};
 use tower_admission::{AdmissionConfig, AdmissionLayer, EngineCapacity, Gate, RankHeader};
 
-/// One series of the exposition: its name and labels.
-type Series = (String, BTreeMap<String, String>);
-
-/// The exposition text, parsed: `# TYPE` and `# HELP` by family, and every
-/// sample with its value.
-struct Exposition {
-    types: BTreeMap<String, String>,
-    helps: BTreeSet<String>,
-    samples: BTreeMap<Series, f64>,
-}
-
-impl Exposition {
-    fn parse(text: &str) -> Self {
-        let mut types = BTreeMap::new();
-        let mut helps = BTreeSet::new();
-        let mut samples = BTreeMap::new();
-        for line in text.lines().filter(|line| !line.is_empty()) {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap();
-                types.insert(name.to_owned(), kind.to_owned());
-            } else if let Some(rest) = line.strip_prefix("# HELP ") {
-                helps.insert(rest.split_once(' ').unwrap().0.to_owned());
-            } else {
-                let (series, value) = line.rsplit_once(' ').unwrap();
-                let (name, labels) = match series.split_once('{') {
-                    Some((name, labels)) => (name, labels.strip_suffix('}').unwrap()),
-                    None => (series, ""),
-                };
-                let labels = labels
-                    .split(',')
-                    .filter(|pair| !pair.is_empty())
-                    .map(|pair| {
-                        let (key, value) = pair.split_once('=').unwrap();
-                        (key.to_owned(), value.trim_matches('"').to_owned())
-                    })
-                    .collect();
-                samples.insert((name.to_owned(), labels), value.parse().unwrap());
-            }
-        }
-        Exposition {
-            types,
-            helps,
-            samples,
-        }
-    }
-
-    #[track_caller]
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let labels = labels
-            .iter()
-            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let key = (name.to_owned(), labels);
-        *self
-            .samples
-            .get(&key)
-            .unwrap_or_else(|| panic!("no sample {key:?}"))
-    }
-
-    /// The label sets of every sample named `name`.
-    fn label_sets(&self, name: &str) -> BTreeSet<BTreeMap<String, String>> {
-        self.samples
-            .keys()
-            .filter(|(n, _)| n == name)
-            .map(|(_, labels)| labels.clone())
-            .collect()
-    }
-}
+#[path = "support/exposition.rs"]
+mod exposition;
+use exposition::Exposition;
 
 const RANKS: [&str; 3] = ["0", "1", "unspecified"];
 

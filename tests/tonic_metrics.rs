@@ -17,12 +17,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use exposition::Exposition;
-use support::{Process, Server};
-
-/// Tokens that take the simulated engine far longer than the test: a call
-/// asking for them streams until its client is killed.
-const FOREVER: &str = "900000";
+use exposition::{Exposition, FAMILIES};
+use support::{FOREVER, Process, Server};
 
 /// One scrape: the status line, the content type, and the exposition.
 struct Scrape {
@@ -133,20 +129,7 @@ fn the_tonic_example_serves_the_gates_metrics_on_a_separate_port() {
         "{}",
         scrape.content_type
     );
-    for (suffix, kind) in [
-        ("engine_request_count", "gauge"),
-        ("engine_request_waiting_count", "gauge"),
-        ("request_queue_count", "gauge"),
-        ("request_receive_total", "counter"),
-        ("request_admit_total", "counter"),
-        ("rejection_total", "counter"),
-        ("cancellation_total", "counter"),
-        ("engine_request_limit", "gauge"),
-        ("engine_request_waiting_limit", "gauge"),
-        ("request_queue_limit", "gauge"),
-        ("request_queue_wait_seconds", "histogram"),
-        ("engine_request_waiting_seconds", "histogram"),
-    ] {
+    for (suffix, kind) in FAMILIES {
         assert_eq!(
             scrape.metrics.types.get(&format!("tonic_{suffix}")),
             Some(&kind.to_owned()),
@@ -192,7 +175,13 @@ fn the_tonic_example_serves_the_gates_metrics_on_a_separate_port() {
     // for the whole worker, and the endpoint still answers.
     let streaming = Process::spawn(
         &support::example("tonic_server"),
-        &["client", "--addr", &url, "--max-tokens", FOREVER],
+        &[
+            "client",
+            "--addr",
+            &url,
+            "--max-tokens",
+            &FOREVER.to_string(),
+        ],
         &[],
     );
     streaming.wait_for_stdout("a token", |text| (!text.trim().is_empty()).then_some(()));

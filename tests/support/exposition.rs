@@ -1,10 +1,29 @@
 //! Prometheus text exposition, parsed: every sample by name and labels,
-//! and the `# TYPE` of every family. For the tests that scrape the example
-//! servers' `/metrics` (`#[path = "support/exposition.rs"] mod exposition;`).
+//! and the `# TYPE` and `# HELP` of every family. For the tests that read
+//! the gate's metrics as Prometheus renders them, in process or from the
+//! example servers' `/metrics`
+//! (`#[path = "support/exposition.rs"] mod exposition;`).
 
 #![allow(dead_code)] // each test binary uses part of it
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Every family of SPEC §6, by the suffix after the prefix, with its
+/// `# TYPE`.
+pub const FAMILIES: [(&str, &str); 12] = [
+    ("engine_request_count", "gauge"),
+    ("engine_request_waiting_count", "gauge"),
+    ("request_queue_count", "gauge"),
+    ("request_receive_total", "counter"),
+    ("request_admit_total", "counter"),
+    ("rejection_total", "counter"),
+    ("cancellation_total", "counter"),
+    ("engine_request_limit", "gauge"),
+    ("engine_request_waiting_limit", "gauge"),
+    ("request_queue_limit", "gauge"),
+    ("request_queue_wait_seconds", "histogram"),
+    ("engine_request_waiting_seconds", "histogram"),
+];
 
 /// A metric name and its labels, sorted.
 pub type Series = (String, BTreeMap<String, String>);
@@ -15,6 +34,8 @@ pub struct Exposition {
     pub text: String,
     /// `# TYPE` by family name.
     pub types: BTreeMap<String, String>,
+    /// The family names that have a `# HELP` line.
+    pub helps: BTreeSet<String>,
     /// Every sample's value.
     pub samples: BTreeMap<Series, f64>,
 }
@@ -24,6 +45,7 @@ impl Exposition {
     /// naming it.
     pub fn parse(text: &str) -> Exposition {
         let mut types = BTreeMap::new();
+        let mut helps = BTreeSet::new();
         let mut samples = BTreeMap::new();
         for line in text.lines().filter(|line| !line.is_empty()) {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -31,6 +53,13 @@ impl Exposition {
                     .split_once(' ')
                     .unwrap_or_else(|| panic!("malformed TYPE line {line:?}"));
                 types.insert(name.to_owned(), kind.to_owned());
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, _help) = rest
+                    .split_once(' ')
+                    .unwrap_or_else(|| panic!("malformed HELP line {line:?}"));
+                helps.insert(name.to_owned());
                 continue;
             }
             if line.starts_with('#') {
@@ -66,6 +95,7 @@ impl Exposition {
         Exposition {
             text: text.to_owned(),
             types,
+            helps,
             samples,
         }
     }
@@ -83,5 +113,14 @@ impl Exposition {
             .samples
             .get(&key)
             .unwrap_or_else(|| panic!("no sample {key:?} in\n{}", self.text))
+    }
+
+    /// The label sets of every sample named `name`.
+    pub fn label_sets(&self, name: &str) -> BTreeSet<BTreeMap<String, String>> {
+        self.samples
+            .keys()
+            .filter(|(n, _)| n == name)
+            .map(|(_, labels)| labels.clone())
+            .collect()
     }
 }
