@@ -14,6 +14,8 @@
     feature = "metrics"
 ))]
 
+#[path = "support/exposition.rs"]
+mod exposition;
 mod support;
 
 #[path = "support/frontend.rs"]
@@ -21,7 +23,8 @@ mod fleet;
 
 use serde_json::json;
 
-use fleet::{Frontend, Scrape, scrape};
+use exposition::Exposition;
+use fleet::{Frontend, scrape};
 use support::{Server, within};
 
 /// Requests in the burst.
@@ -93,7 +96,7 @@ struct Engines {
     completed: f64,
 }
 
-fn engines(scrapes: &[Scrape]) -> Engines {
+fn engines(scrapes: &[Exposition]) -> Engines {
     let sum = |name: &str| scrapes.iter().map(|scrape| scrape.sum(name, &[])).sum();
     Engines {
         received: sum("admission_request_receive_total"),
@@ -103,7 +106,7 @@ fn engines(scrapes: &[Scrape]) -> Engines {
     }
 }
 
-async fn scrape_all(client: &reqwest::Client, workers: &[Server]) -> Vec<Scrape> {
+async fn scrape_all(client: &reqwest::Client, workers: &[Server]) -> Vec<Exposition> {
     let mut scrapes = Vec::new();
     for worker in workers {
         scrapes.push(within(scrape(client, &worker.url)).await);

@@ -160,12 +160,7 @@ async fn scrape(client: &reqwest::Client, url: &str) -> Exposition {
 /// The sum of a sidecar series over its `dp_rank`s (ranked and unranked).
 fn total(metrics: &Exposition, suffix: &str) -> f64 {
     let name = format!("{}_{suffix}", tower_admission::metrics::DEFAULT_PREFIX);
-    metrics
-        .samples
-        .iter()
-        .filter(|((sample, _), _)| *sample == name)
-        .map(|(_, value)| value)
-        .sum()
+    metrics.sum(&name, &[])
 }
 
 /// The engine's own gauges: (`requests_processing`, `requests_deferred`).

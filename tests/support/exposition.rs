@@ -123,4 +123,19 @@ impl Exposition {
             .map(|(_, labels)| labels.clone())
             .collect()
     }
+
+    /// The sum of the samples of `name` that carry every one of `labels`
+    /// (0 when there are none).
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|((sample, have), _)| {
+                sample == name
+                    && labels
+                        .iter()
+                        .all(|&(key, value)| have.get(key).is_some_and(|have| have == value))
+            })
+            .map(|(_, value)| value)
+            .sum()
+    }
 }

@@ -1,5 +1,7 @@
 //! The frontend example as a child process, beside the example workers of
-//! `support/mod.rs`, and a reader of the Prometheus text they all serve.
+//! `support/mod.rs`, and a scrape of the Prometheus text they all serve
+//! (parsed by `support/exposition.rs`, which the test includes as
+//! `exposition`).
 //!
 //! The frontend needs the `route` feature, which the workers' build in
 //! `support/mod.rs` does not turn on: it is built here, once per test
@@ -12,6 +14,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use crate::exposition::Exposition;
 use crate::support::{Process, cargo_build_examples};
 
 /// The path of the frontend example, built (or found up to date) by cargo.
@@ -63,57 +66,8 @@ impl Frontend {
     }
 }
 
-/// Samples of a Prometheus text exposition.
-pub struct Scrape {
-    pub text: String,
-    /// Name, labels (`key="value"` each), value.
-    samples: Vec<(String, Vec<String>, f64)>,
-}
-
-impl Scrape {
-    pub fn parse(text: &str) -> Scrape {
-        let samples = text
-            .lines()
-            .filter(|line| !line.is_empty() && !line.starts_with('#'))
-            .map(|line| {
-                let (series, value) = line.rsplit_once(' ').unwrap();
-                let (name, labels) = match series.split_once('{') {
-                    Some((name, labels)) => (name, labels.strip_suffix('}').unwrap()),
-                    None => (series, ""),
-                };
-                let labels = labels
-                    .split(',')
-                    .filter(|label| !label.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                (name.to_owned(), labels, value.parse().unwrap())
-            })
-            .collect();
-        Scrape {
-            text: text.to_owned(),
-            samples,
-        }
-    }
-
-    /// The sum of the samples of `name` that carry every one of `labels`
-    /// (0 when there are none).
-    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let wanted: Vec<String> = labels
-            .iter()
-            .map(|(key, value)| format!("{key}=\"{value}\""))
-            .collect();
-        self.samples
-            .iter()
-            .filter(|(sample, have, _)| {
-                sample == name && wanted.iter().all(|label| have.contains(label))
-            })
-            .map(|(_, _, value)| value)
-            .sum()
-    }
-}
-
 /// GETs `{url}/metrics`.
-pub async fn scrape(client: &reqwest::Client, url: &str) -> Scrape {
+pub async fn scrape(client: &reqwest::Client, url: &str) -> Exposition {
     let text = client
         .get(format!("{url}/metrics"))
         .send()
@@ -122,5 +76,5 @@ pub async fn scrape(client: &reqwest::Client, url: &str) -> Scrape {
         .text()
         .await
         .unwrap();
-    Scrape::parse(&text)
+    Exposition::parse(&text)
 }
