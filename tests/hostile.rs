@@ -39,13 +39,13 @@ use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
 use tower_admission::detect::OpenAiSse;
 use tower_admission::http::Priority;
 use tower_admission::{
-    AdmissionConfig, AdmissionLayer, AdmitSource, EngineCapacity, Gate, QosHeaders, RankHeader,
+    AdmissionConfig, AdmissionLayer, Descriptor, EngineCapacity, Gate, QosHeaders, RankHeader,
     Snapshot, Tenant,
 };
 
 #[path = "support/gate.rs"]
 mod gate_support;
-use gate_support::{assert_idle, counts};
+use gate_support::{admitted_with, assert_idle, counts};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 const RANKS: usize = 4;
@@ -645,8 +645,7 @@ async fn an_inner_error_of_a_queued_request_releases_what_it_was_given() {
     let snapshot = gate.snapshot();
     assert_eq!(snapshot.tally.admitted_queue, 1);
     assert_idle(&snapshot);
-    let next = gate.acquire(None).now_or_never().unwrap().unwrap();
-    assert_eq!(next.source(), AdmitSource::Direct);
+    admitted_with(&gate, Descriptor::new());
 }
 
 /// `bytes` one byte per frame, each first preceded by `empty` empty frames.

@@ -15,14 +15,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, Full};
 use tokio::sync::oneshot;
 use tokio::time::timeout;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_admission::{AdmissionLayer, AdmitSource, Counts, FirstTokenDetector, Gate};
+use tower_admission::{AdmissionLayer, Counts, Descriptor, FirstTokenDetector, Gate};
 
 #[path = "support/panics.rs"]
 mod panics_hook;
@@ -53,12 +52,7 @@ fn assert_released_and_admitting(gate: &Gate) {
         tally.received,
         tally.admitted_direct + tally.admitted_queue + tally.rejected() + tally.cancelled
     );
-    let permit = gate
-        .acquire(None)
-        .now_or_never()
-        .expect("decided on arrival")
-        .expect("admitted");
-    assert_eq!(permit.source(), AdmitSource::Direct);
+    gate_support::admitted_with(gate, Descriptor::new());
 }
 
 async fn joined_with_panic<T: std::fmt::Debug>(task: tokio::task::JoinHandle<T>) {
