@@ -38,16 +38,7 @@ struct Client {
 
 impl Client {
     async fn metrics(&self) -> Exposition {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        Exposition::parse(&text)
+        exposition::scrape(&self.http, &self.url).await
     }
 
     /// Polls the metrics until `done` holds (each poll is a real scrape;

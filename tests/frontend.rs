@@ -23,8 +23,8 @@ mod fleet;
 
 use serde_json::json;
 
-use exposition::Exposition;
-use fleet::{Frontend, scrape};
+use exposition::{Exposition, scrape};
+use fleet::Frontend;
 use support::{Server, within};
 
 /// Requests in the burst.

@@ -147,14 +147,9 @@ fn start_sidecar(engine: &Engine, args: &[&str]) -> Sidecar {
     Sidecar { url, process }
 }
 
+/// [`exposition::scrape`], within the test's patience.
 async fn scrape(client: &reqwest::Client, url: &str) -> Exposition {
-    let text = within(client.get(format!("{url}/metrics")).send())
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    Exposition::parse(&text)
+    within(exposition::scrape(client, url)).await
 }
 
 /// The sum of a sidecar series over its `dp_rank`s (ranked and unranked).

@@ -1,7 +1,7 @@
 //! Prometheus text exposition, parsed: every sample by name and labels,
 //! and the `# TYPE` and `# HELP` of every family. For the tests that read
-//! the gate's metrics as Prometheus renders them, in process or from the
-//! example servers' `/metrics`
+//! the gate's metrics as Prometheus renders them, in process or scraped
+//! from a server's `/metrics`
 //! (`#[path = "support/exposition.rs"] mod exposition;`).
 
 #![allow(dead_code)] // each test binary uses part of it
@@ -138,4 +138,17 @@ impl Exposition {
             .map(|(_, value)| value)
             .sum()
     }
+}
+
+/// GETs `{url}/metrics` and parses the answer.
+pub async fn scrape(client: &reqwest::Client, url: &str) -> Exposition {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("GET {url}/metrics: {error}"))
+        .text()
+        .await
+        .unwrap();
+    Exposition::parse(&text)
 }

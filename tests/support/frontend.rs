@@ -1,7 +1,5 @@
 //! The frontend example as a child process, beside the example workers of
-//! `support/mod.rs`, and a scrape of the Prometheus text they all serve
-//! (parsed by `support/exposition.rs`, which the test includes as
-//! `exposition`).
+//! `support/mod.rs`.
 //!
 //! The frontend needs the `route` feature, which the workers' build in
 //! `support/mod.rs` does not turn on: it is built here, once per test
@@ -14,7 +12,6 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::exposition::Exposition;
 use crate::support::{Process, cargo_build_examples};
 
 /// The path of the frontend example, built (or found up to date) by cargo.
@@ -64,17 +61,4 @@ impl Frontend {
             .to_owned();
         Frontend { process, url }
     }
-}
-
-/// GETs `{url}/metrics`.
-pub async fn scrape(client: &reqwest::Client, url: &str) -> Exposition {
-    let text = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap_or_else(|error| panic!("GET {url}/metrics: {error}"))
-        .text()
-        .await
-        .unwrap();
-    Exposition::parse(&text)
 }
