@@ -14,8 +14,9 @@
 
 use std::borrow::Cow;
 
-use super::lex::Cursor;
+use super::lex::{self, Cursor};
 use super::{Reader, Start, Text, event};
+use crate::detect::swar;
 
 /// Containers deeper than this are left to the full scan.
 const MAX_DEPTH: u32 = 32;
@@ -31,6 +32,32 @@ static PLAIN_IN_STRING: [bool; 256] = {
     }
     plain
 };
+
+/// The high bit of each byte of `word` (read little-endian) that is not
+/// plain in a string: [`PLAIN_IN_STRING`] eight at a time, exact up to the
+/// first marked byte.
+#[inline]
+fn stops_in(word: u64) -> u64 {
+    lex::stops_in(word) | word & swar::HIGH_BITS
+}
+
+/// The length of the run of plain bytes at the start of `text`, eight at a
+/// time while eight are left; `None` when it runs to the end.
+#[inline]
+fn plain_run(text: &[u8]) -> Option<usize> {
+    let mut rest = text;
+    while let Some((eight, after)) = rest.split_first_chunk::<8>() {
+        let stops = stops_in(u64::from_le_bytes(*eight));
+        if stops != 0 {
+            return Some(text.len() - rest.len() + swar::first(stops));
+        }
+        rest = after;
+    }
+    let plain = rest
+        .iter()
+        .position(|&byte| !PLAIN_IN_STRING[usize::from(byte)])?;
+    Some(text.len() - rest.len() + plain)
+}
 
 /// The judgement of `data` when it is a plain JSON object, as
 /// [`object_ends_waiting`](super::object_ends_waiting) would give it;
@@ -71,40 +98,67 @@ struct Plain<'a> {
 impl<'a> Plain<'a> {
     /// An integer of at most 20 characters: what any reading of JSON takes
     /// as it is written.
+    #[inline(always)]
     fn integer(&mut self) -> Option<()> {
+        let bytes = self.cursor.bytes;
         let start = self.cursor.at;
-        if self.cursor.byte() == Some(b'-') {
-            self.cursor.at += 1;
+        let mut at = start;
+        if bytes.get(at) == Some(&b'-') {
+            at += 1;
         }
-        match self.cursor.byte()? {
-            b'0' => self.cursor.at += 1,
+        match *bytes.get(at)? {
+            b'0' => at += 1,
             b'1'..=b'9' => {
-                while let Some(b'0'..=b'9') = self.cursor.byte() {
-                    self.cursor.at += 1;
+                at += 1;
+                while let Some(b'0'..=b'9') = bytes.get(at) {
+                    at += 1;
                 }
             }
             _ => return None,
         }
-        let fraction_or_exponent = matches!(self.cursor.byte(), Some(b'.' | b'e' | b'E'));
-        (!fraction_or_exponent && self.cursor.at - start <= 20).then_some(())
+        self.cursor.at = at;
+        let fraction_or_exponent = matches!(bytes.get(at), Some(b'.' | b'e' | b'E'));
+        (!fraction_or_exponent && at - start <= 20).then_some(())
     }
 
     /// A string at its opening quote, through its closing one: printable
-    /// ASCII (or DEL) without escapes. Most strings of a chunk are a few
-    /// bytes long: a byte at a time, by table, beats setting up words.
+    /// ASCII (or DEL) without escapes. Its bytes are tested eight at a time
+    /// while eight are left in the document (a word may run past the
+    /// string's end: only its first stop counts), the last few one at a
+    /// time. The first word, the whole of most strings, is tested here.
     #[inline(always)]
     fn string(&mut self) -> Option<&'a [u8]> {
         let bytes = self.cursor.bytes;
         let start = self.cursor.at + 1;
-        let rest = bytes.get(start..)?;
-        let len = rest
-            .iter()
-            .position(|&byte| !PLAIN_IN_STRING[usize::from(byte)])?;
-        if rest[len] != b'"' {
+        let text = bytes.get(start..)?;
+        let len = match text.first_chunk::<8>() {
+            Some(eight) => {
+                let stops = stops_in(u64::from_le_bytes(*eight));
+                if stops != 0 {
+                    swar::first(stops)
+                } else {
+                    8 + plain_run(&text[8..])?
+                }
+            }
+            None => plain_run(text)?,
+        };
+        if *text.get(len)? != b'"' {
             return None;
         }
         self.cursor.at = start + len + 1;
-        Some(&rest[..len])
+        text.get(..len)
+    }
+
+    /// Skips a value the judgement does not read: a string, an integer or
+    /// `null` here (most are), anything else by [`Reader::skip_value`].
+    #[inline(always)]
+    fn skip_unread(&mut self) -> Option<()> {
+        match self.cursor.byte()? {
+            b'"' => self.string().map(drop),
+            b'-' | b'0'..=b'9' => self.integer(),
+            b'n' => self.cursor.literal(b"null"),
+            _ => self.skip_value(),
+        }
     }
 
     /// Items up to `close`, after the opening bracket: `item` reads each,
@@ -182,7 +236,7 @@ impl<'a> Reader<'a> for Plain<'a> {
         self.members(
             |plain, name| match names.iter().position(|candidate| *candidate == name) {
                 Some(member) => read(plain, member),
-                None => plain.skip_value(),
+                None => plain.skip_unread(),
             },
         )
     }

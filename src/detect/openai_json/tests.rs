@@ -478,3 +478,117 @@ fn chunks_without_escapes_fractions_or_non_ascii_are_judged_by_the_plain_pass() 
     assert_eq!(plain::judge(br#"{"error":"\u0041"}"#), None);
     assert_eq!(plain::judge("{\"error\":\"\u{e9}\"}".as_bytes()), None);
 }
+
+#[test]
+fn the_plain_pass_reads_strings_of_every_length_a_word_at_a_time() {
+    for len in 0..=17 {
+        let text = "abcdefghijklmnopq".get(..len).unwrap();
+        for data in [
+            format!(r#"{{"{text}":"{text}","choices":[{{"delta":{{"content":"{text}"}}}}]}}"#),
+            format!(r#"{{"id":"{text}","type":"{text}"}}"#),
+            format!(r#"{{"object":"{text}"}}"#),
+        ] {
+            assert!(plain::judge(data.as_bytes()).is_some(), "{data}");
+            assert_agrees(data.as_bytes());
+            plain_agrees(data.as_bytes()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_plain_pass_stops_at_a_quote_backslash_or_other_byte_anywhere_in_a_word() {
+    // DEL is plain; every other stop leaves the document to the full scan.
+    let stops: [&[u8]; 9] = [
+        b"\"",
+        b"\\",
+        b"\\n",
+        b"\\u0041",
+        b"\x01",
+        b"\x1f",
+        b"\x7f",
+        "é".as_bytes(),
+        b"\xff",
+    ];
+    let text = b"abcdefghijklmnopq";
+    for stop in stops {
+        for at in 0..=text.len() {
+            let mut string = text.to_vec();
+            string.splice(at..at, stop.iter().copied());
+            for (before, after) in [
+                (&br#"{"id":""#[..], &br#"","choices":[]}"#[..]),
+                (br#"{"choices":[{"delta":{"content":""#, br#""}}]}"#),
+                (br#"{""#, br#"":1,"type":"ping"}"#),
+            ] {
+                let data = [before, &string, after].concat();
+                assert_eq!(
+                    plain::judge(&data).is_some(),
+                    stop == b"\x7f",
+                    "{}",
+                    String::from_utf8_lossy(&data)
+                );
+                assert_agrees(&data);
+                plain_agrees(&data).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn names_alike_in_first_byte_and_length_are_told_apart() {
+    for name in [
+        "errar",
+        "objecx",
+        "chaices",
+        "choicez",
+        "typo",
+        "deltx",
+        "finish_reasom",
+        "texx",
+        "contenx",
+        "reasoning_contenx",
+        "reasoninx",
+        "refusax",
+        "tool_callx",
+        "function_calx",
+    ] {
+        for data in [
+            format!(r#"{{"{name}":"x"}}"#),
+            format!(r#"{{"{name}":[{{"delta":{{"content":"x"}}}}]}}"#),
+            format!(r#"{{"choices":[{{"{name}":"x"}}]}}"#),
+            format!(r#"{{"choices":[{{"delta":{{"{name}":"x"}}}}]}}"#),
+            format!(r#"{{"type":"content_block_delta","delta":{{"{name}":"x"}}}}"#),
+        ] {
+            assert!(plain::judge(data.as_bytes()).is_some(), "{data}");
+            assert_agrees(data.as_bytes());
+            plain_agrees(data.as_bytes()).unwrap();
+        }
+    }
+}
+
+/// Chat chunks as the instruction counts of the plain pass are measured
+/// on: short ones, and ones as engines write them. Each is judged by the
+/// plain pass; the first of each pair waits, the second ends waiting.
+const MEASURED_CHUNKS: [&str; 4] = [
+    r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+    r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"token3"}}]}"#,
+    r#"{"id":"chatcmpl-9f8e7d6c5b4a39281706f5e4d3c2b1a0","object":"chat.completion.chunk","created":1733212345,"model":"llama-3.1-8b-instruct","system_fingerprint":"fp_abc123","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+    r#"{"id":"chatcmpl-9f8e7d6c5b4a39281706f5e4d3c2b1a0","object":"chat.completion.chunk","created":1733212345,"model":"llama-3.1-8b-instruct","system_fingerprint":"fp_abc123","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}"#,
+];
+
+/// Judges one of [`MEASURED_CHUNKS`] (`JUDGE_CHUNK`, an index) again and
+/// again (`JUDGE_ITERATIONS` times), to be run under callgrind:
+/// `cargo test --release --lib detect::openai_json::tests::judge_repeatedly
+/// -- --ignored --exact`, then the test binary under valgrind with both
+/// variables set.
+#[test]
+#[ignore = "a measurement, run under callgrind"]
+fn judge_repeatedly() {
+    let variable = |name: &str, default: usize| {
+        std::env::var(name).map_or(default, |value| value.parse().unwrap())
+    };
+    let chunk = MEASURED_CHUNKS[variable("JUDGE_CHUNK", 0)].as_bytes();
+    let expected = Some(variable("JUDGE_CHUNK", 0) % 2 == 1);
+    for _ in 0..variable("JUDGE_ITERATIONS", 1000) {
+        assert_eq!(object_ends_waiting(std::hint::black_box(chunk)), expected);
+    }
+}
