@@ -1,6 +1,6 @@
 //! [`Auto`]: the detector chosen by the response's content type.
 
-use super::media_type::media_type;
+use super::media_type::{is_event_stream, media_type};
 use super::{AnyData, FirstTokenDetector, Grpc, OpenAiSse};
 
 /// Chooses the detector by the response's `content-type`; the layer's
@@ -64,7 +64,7 @@ impl Auto {
 impl FirstTokenDetector for Auto {
     fn on_response(&mut self, head: &http::response::Parts) {
         self.chosen = match media_type(head) {
-            Some(essence) if essence.eq_ignore_ascii_case(b"text/event-stream") => {
+            Some(essence) if is_event_stream(essence) => {
                 let mut detector = self.sse.clone();
                 // An event stream, as for a response without media type:
                 // the media type is not compared a second time.

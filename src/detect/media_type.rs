@@ -9,8 +9,49 @@ use http::header::CONTENT_TYPE;
 /// Compare it case-insensitively: media types are.
 pub(super) fn media_type(head: &http::response::Parts) -> Option<&[u8]> {
     let value = head.headers.get(CONTENT_TYPE)?.as_bytes();
+    if is_event_stream(value) {
+        // The common case, without parameters or whitespace.
+        return Some(value);
+    }
     let essence = value.split(|&byte| byte == b';').next().unwrap_or(value);
     Some(essence.trim_ascii())
+}
+
+/// The event stream's media type, lower case.
+const EVENT_STREAM: &[u8; 17] = b"text/event-stream";
+
+/// Whether `essence` is `text/event-stream`, whatever the case, as
+/// `eq_ignore_ascii_case` says, eight bytes at a time: each byte is compared
+/// with its case bit set where the media type has a letter, so that a letter
+/// matches in either case and any other byte only itself.
+pub(super) fn is_event_stream(essence: &[u8]) -> bool {
+    /// Bytes `at..at + 8` of `bytes`, read little-endian.
+    fn word(bytes: &[u8; 17], at: usize) -> u64 {
+        let mut eight = [0; 8];
+        eight.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_le_bytes(eight)
+    }
+    /// The case bit of each letter of `EVENT_STREAM[at..at + 8]`.
+    const fn case_bits(at: usize) -> u64 {
+        let mut bits = [0; 8];
+        let mut index = 0;
+        while index < 8 {
+            if EVENT_STREAM[at + index].is_ascii_lowercase() {
+                bits[index] = 0x20;
+            }
+            index += 1;
+        }
+        u64::from_le_bytes(bits)
+    }
+    const HEAD: u64 = case_bits(0);
+    const TAIL: u64 = case_bits(9);
+    let Ok(essence) = <&[u8; 17]>::try_from(essence) else {
+        return false;
+    };
+    // Bytes 0..8 and 9..17, and byte 8 (the letter `n`).
+    (word(essence, 0) | HEAD) == word(EVENT_STREAM, 0)
+        && (word(essence, 9) | TAIL) == word(EVENT_STREAM, 9)
+        && essence[8] | 0x20 == EVENT_STREAM[8]
 }
 
 #[cfg(test)]
@@ -30,6 +71,48 @@ pub(super) mod tests {
     fn parameters_and_whitespace_are_not_part_of_the_media_type() {
         let head = head(Some(" text/event-stream ; charset=utf-8"));
         assert_eq!(media_type(&head), Some(&b"text/event-stream"[..]));
+    }
+
+    #[test]
+    fn the_event_stream_type_is_compared_as_eq_ignore_ascii_case_would() {
+        let mut candidates: Vec<Vec<u8>> = vec![
+            b"text/event-stream".to_vec(),
+            b"TEXT/EVENT-STREAM".to_vec(),
+            b"Text/Event-Stream".to_vec(),
+            b"text/event-strea".to_vec(),
+            b"text/event-streams".to_vec(),
+            b"text/event_stream".to_vec(),
+            Vec::new(),
+        ];
+        // Every byte value at every position.
+        for at in 0..EVENT_STREAM.len() {
+            for byte in 0..=u8::MAX {
+                let mut candidate = EVENT_STREAM.to_vec();
+                candidate[at] = byte;
+                candidates.push(candidate);
+            }
+        }
+        for candidate in candidates {
+            assert_eq!(
+                is_event_stream(&candidate),
+                candidate.eq_ignore_ascii_case(EVENT_STREAM),
+                "{candidate:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_event_stream_with_parameters_or_whitespace_has_the_same_media_type() {
+        for content_type in [
+            "text/event-stream",
+            "Text/Event-Stream",
+            "text/event-stream;charset=utf-8",
+            "\ttext/event-stream ",
+        ] {
+            let head = head(Some(content_type));
+            let media_type = media_type(&head).expect("a content-type");
+            assert!(is_event_stream(media_type), "{content_type}");
+        }
     }
 
     #[test]

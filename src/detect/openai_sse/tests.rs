@@ -60,10 +60,11 @@ fn assert_ends_waiting(token: &[u8]) {
 fn line_ends_are_found_wherever_they_are() {
     for len in 0..40 {
         for at in 0..=len {
-            for end in [b'\r', b'\n'] {
+            for (end, plain) in [(b'\r', false), (b'\n', false), (b'\r', true), (b'\n', true)] {
                 let mut bytes = vec![b'a'; len];
-                // Bytes that differ from CR and LF in one bit, and 0x80.
-                for (index, byte) in bytes.iter_mut().enumerate() {
+                // Bytes that differ from CR and LF in one bit, and 0x80; or
+                // no control byte but the line end.
+                for (index, byte) in bytes.iter_mut().enumerate().filter(|_| !plain) {
                     *byte = [b'a', 0x0c, 0x0b, 0x8d, 0x8a, 0x80, 0x0e][index % 7];
                 }
                 if at < len {
@@ -758,4 +759,61 @@ fn an_empty_data_line_after_one_in_its_frame_counts_toward_the_bound() {
         Some(22),
         "the empty data line's newline crosses the bound"
     );
+}
+
+/// An event whole in its frame takes a shorter way than one read across
+/// frames; both decide on the same byte, whatever the line ends, the fields
+/// around the data line, the bound, and wherever the stream is cut.
+#[test]
+fn events_whole_in_their_frame_are_decided_as_when_split() {
+    let role = chat_delta(r#"{"role":"assistant"}"#);
+    let token = chat_delta(r#"{"content":"Hi"}"#);
+    for end in ["\n", "\r\n", "\r"] {
+        let events = [
+            format!("data: {role}{end}{end}"),
+            format!("data:{role}{end}{end}"),
+            format!("data:{end}{end}"),
+            format!("data: {end}{end}"),
+            format!("data:  {role}{end}{end}"),
+            format!(": ping{end}data: {role}{end}{end}"),
+            format!("event: message{end}id: 1{end}data: {role}{end}{end}"),
+            format!("data: {role}{end}id: 1{end}{end}"),
+            format!("data: {{\"choices\":{end}data: []}}{end}{end}"),
+            format!("{end}data: {role}{end}{end}"),
+            format!("\u{FEFF}data: {role}{end}{end}"),
+            format!("event: error{end}data: {role}{end}{end}"),
+            format!("data: [DONE]{end}{end}"),
+            format!("data: {token}{end}{end}"),
+        ];
+        for first in &events {
+            for second in &events {
+                let stream = format!("{first}{second}data: {token}{end}{end}");
+                for bound in [
+                    OpenAiSse::DEFAULT_MAX_EVENT_BYTES,
+                    0,
+                    1,
+                    role.len(),
+                    role.len() + 1,
+                ] {
+                    let detector = OpenAiSse::new().max_event_bytes(bound);
+                    let decided = decide_any_split(&detector, stream.as_bytes());
+                    assert!(decided.is_some(), "{stream:?} with bound {bound}");
+                }
+            }
+        }
+        // Where the decision falls: the first byte of the blank line's end.
+        let stream = format!("data: {role}{end}{end}data: {token}{end}{end}");
+        let lf_after_cr = if end == "\r\n" { 1 } else { 0 };
+        assert_eq!(
+            decide_any_split(&OpenAiSse::new(), stream.as_bytes()),
+            Some(stream.len() - lf_after_cr),
+            "{end:?}"
+        );
+        let interim = format!("data: {role}{end}{end}: ping{end}{end}");
+        assert_eq!(
+            decide_any_split(&OpenAiSse::new(), interim.as_bytes()),
+            None,
+            "{end:?}"
+        );
+    }
 }
