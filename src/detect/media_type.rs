@@ -9,10 +9,6 @@ use http::header::CONTENT_TYPE;
 /// Compare it case-insensitively: media types are.
 pub(super) fn media_type(head: &http::response::Parts) -> Option<&[u8]> {
     let value = head.headers.get(CONTENT_TYPE)?.as_bytes();
-    if is_event_stream(value) {
-        // The common case, without parameters or whitespace.
-        return Some(value);
-    }
     let essence = value.split(|&byte| byte == b';').next().unwrap_or(value);
     Some(essence.trim_ascii())
 }
@@ -20,38 +16,9 @@ pub(super) fn media_type(head: &http::response::Parts) -> Option<&[u8]> {
 /// The event stream's media type, lower case.
 const EVENT_STREAM: &[u8; 17] = b"text/event-stream";
 
-/// Whether `essence` is `text/event-stream`, whatever the case, as
-/// `eq_ignore_ascii_case` says, eight bytes at a time: each byte is compared
-/// with its case bit set where the media type has a letter, so that a letter
-/// matches in either case and any other byte only itself.
+/// Whether `essence` is `text/event-stream`, whatever the case.
 pub(super) fn is_event_stream(essence: &[u8]) -> bool {
-    /// Bytes `at..at + 8` of `bytes`, read little-endian.
-    fn word(bytes: &[u8; 17], at: usize) -> u64 {
-        let mut eight = [0; 8];
-        eight.copy_from_slice(&bytes[at..at + 8]);
-        u64::from_le_bytes(eight)
-    }
-    /// The case bit of each letter of `EVENT_STREAM[at..at + 8]`.
-    const fn case_bits(at: usize) -> u64 {
-        let mut bits = [0; 8];
-        let mut index = 0;
-        while index < 8 {
-            if EVENT_STREAM[at + index].is_ascii_lowercase() {
-                bits[index] = 0x20;
-            }
-            index += 1;
-        }
-        u64::from_le_bytes(bits)
-    }
-    const HEAD: u64 = case_bits(0);
-    const TAIL: u64 = case_bits(9);
-    let Ok(essence) = <&[u8; 17]>::try_from(essence) else {
-        return false;
-    };
-    // Bytes 0..8 and 9..17, and byte 8 (the letter `n`).
-    (word(essence, 0) | HEAD) == word(EVENT_STREAM, 0)
-        && (word(essence, 9) | TAIL) == word(EVENT_STREAM, 9)
-        && essence[8] | 0x20 == EVENT_STREAM[8]
+    essence.eq_ignore_ascii_case(EVENT_STREAM)
 }
 
 #[cfg(test)]
