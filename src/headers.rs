@@ -1,8 +1,8 @@
 //! Reading request and response headers: the one place where a header's
 //! value is found (present exactly once, or not at all) and where the
 //! header formats the crate shares between its sides are parsed. A leaf:
-//! it imports nothing of the crate, so the server side ([`http`](crate::http))
-//! and the frontend side (`route`) both stand on it.
+//! it imports nothing of the crate, so every part that reads headers ([`http`](crate::http))
+//! stands on it.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! First-token detectors decide on a byte of the stream, not on a frame:
 //! wherever the body is split, waiting ends at the same absolute offset
-//! (SPEC §2.5). Realistic streams check where that is; arbitrary bytes check
+//! (behaviour §2.5). Realistic streams check where that is; arbitrary bytes check
 //! that nothing panics and every answer lies within its frame.
 #![cfg(feature = "http")]
 
@@ -302,7 +302,7 @@ proptest! {
         cuts in cuts(),
     ) {
         let (bytes, expected) = stream.render();
-        let decided = decide_split(&OpenAiSse::new(), None, &bytes, &cuts)?;
+        let decided = decide_split(&OpenAiSse::default(), None, &bytes, &cuts)?;
         prop_assert_eq!(decided, expected, "stream {:?}", String::from_utf8_lossy(&bytes));
     }
 
@@ -313,7 +313,7 @@ proptest! {
         max_event_bytes in prop_oneof![Just(OpenAiSse::DEFAULT_MAX_EVENT_BYTES), 0..64usize],
         content_type in prop::option::of(select(vec!["text/event-stream", "application/json"])),
     ) {
-        let detector = OpenAiSse::new().max_event_bytes(max_event_bytes);
+        let detector = OpenAiSse::default().max_event_bytes(max_event_bytes);
         let head = content_type.map(head);
         decide_split(&detector, head.as_ref(), &bytes, &cuts)?;
     }
@@ -346,7 +346,7 @@ proptest! {
             bytes.truncate(truncate.index(bytes.len() + 1));
         }
         let expected = (bytes.len() >= first_message_end).then_some(first_message_end);
-        prop_assert_eq!(decide_split(&Grpc::new(), None, &bytes, &cuts)?, expected);
+        prop_assert_eq!(decide_split(&Grpc::default(), None, &bytes, &cuts)?, expected);
     }
 
     #[test]
@@ -356,7 +356,7 @@ proptest! {
         content_type in prop::option::of(select(vec!["application/grpc", "text/plain"])),
     ) {
         let head = content_type.map(head);
-        decide_split(&Grpc::new(), head.as_ref(), &bytes, &cuts)?;
+        decide_split(&Grpc::default(), head.as_ref(), &bytes, &cuts)?;
     }
 
     #[test]
@@ -373,11 +373,11 @@ proptest! {
         ]),
     ) {
         let head = head(content_type);
-        let auto = decide_split(&Auto::new(), Some(&head), &bytes, &cuts)?;
+        let auto = decide_split(&Auto::default(), Some(&head), &bytes, &cuts)?;
         let chosen = if content_type.starts_with("text/event-stream") {
-            decide(&OpenAiSse::new(), Some(&head), &[&bytes])?
+            decide(&OpenAiSse::default(), Some(&head), &[&bytes])?
         } else if content_type.starts_with("application/grpc") {
-            decide(&Grpc::new(), Some(&head), &[&bytes])?
+            decide(&Grpc::default(), Some(&head), &[&bytes])?
         } else {
             decide(&AnyData, Some(&head), &[&bytes])?
         };

@@ -1,7 +1,8 @@
 //! What the admission layer allocates per request (issue 23's HTTP row):
 //! the request's [`FirstToken`](tower_admission::http::FirstToken) cell and
-//! its two extensions, nothing per frame, and nothing to judge the events of
-//! an OpenAI stream whose events come whole in their frames.
+//! its two extensions, nothing per frame, nothing to judge the events of
+//! an OpenAI stream whose events come whole in their frames, and nothing
+//! more to measure the client's view while metrics are recorded.
 //!
 //! Allocations are counted per thread by a counting global allocator, so
 //! the tests of this binary may run in parallel.
@@ -126,5 +127,94 @@ fn judging_events_whole_in_their_frames_allocates_nothing() {
         allocations_per_request(&mut auto),
         allocations_per_request(&mut any_data),
         "the default detector (Auto: OpenAiSse) allocates nothing more"
+    );
+}
+
+/// A recorder whose handles are atomics: recording allocates nothing, so
+/// what a request allocates with it is what the layer and the gate do.
+#[cfg(feature = "metrics")]
+mod atomic_recorder {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use metrics::{
+        Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString,
+        Unit,
+    };
+
+    /// Samples recorded in the client's view's histograms, by any test.
+    pub static CLIENT_SAMPLES: AtomicU64 = AtomicU64::new(0);
+
+    /// Sums what it is given, as bits of an `f64`.
+    #[derive(Default)]
+    pub struct Samples {
+        sum: AtomicU64,
+        client: bool,
+    }
+
+    impl HistogramFn for Samples {
+        fn record(&self, value: f64) {
+            let _ = self
+                .sum
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |sum| {
+                    Some((f64::from_bits(sum) + value).to_bits())
+                });
+            if self.client {
+                CLIENT_SAMPLES.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Not zero-sized: the gate takes a zero-sized recorder for none.
+    #[derive(Default)]
+    pub struct Atomic {
+        _registered: AtomicU64,
+    }
+
+    impl Recorder for Atomic {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(Arc::new(AtomicU64::new(0)))
+        }
+
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(AtomicU64::new(0)))
+        }
+
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(Arc::new(Samples {
+                sum: AtomicU64::new(0),
+                client: key.name().contains("_client_"),
+            }))
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn the_clients_view_allocates_nothing_per_request_or_per_chunk() {
+    use std::sync::atomic::Ordering;
+
+    let recorder = atomic_recorder::Atomic::default();
+    let mut recorded = metrics::with_local_recorder(&recorder, || {
+        let gate = Gate::new(AdmissionConfig::new().metrics_prefix("allocations"));
+        AdmissionLayer::new(gate).layer(Chat::new())
+    });
+    let mut plain = AdmissionLayer::new(Gate::new(AdmissionConfig::new())).layer(Chat::new());
+    // Every request is measured (its first token, the gaps before the two
+    // chunks after it, its end) and the gate's events are observed:
+    // neither allocates once warmed up.
+    let before = atomic_recorder::CLIENT_SAMPLES.load(Ordering::Relaxed);
+    assert_eq!(
+        allocations_per_request(&mut recorded),
+        allocations_per_request(&mut plain),
+    );
+    let samples = atomic_recorder::CLIENT_SAMPLES.load(Ordering::Relaxed) - before;
+    assert!(
+        samples >= 16 * 4,
+        "the 16 requests were measured: {samples} samples"
     );
 }

@@ -1,11 +1,10 @@
-//! The metrics of SPEC §8 as Prometheus renders them: the age of the
+//! The metrics of behaviour §8 as Prometheus renders them: the age of the
 //! oldest queued request per `dp_rank` (stale between events until
 //! `Gate::refresh_metrics`), the per-priority series that exist only with
 //! configured priority bands, `reason="displaced"`, and never a tenant.
 #![cfg(feature = "metrics")]
 
-#[path = "support/exposition.rs"]
-mod exposition;
+use tower_admission_testkit::exposition;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -23,14 +23,14 @@ fn essence(head: &http::response::Parts) -> Vec<u8> {
 }
 
 fuzz_target!(|input: Input<'_>| {
-    let Some((head, decided)) = check(&Auto::new(), &input, false) else {
+    let Some((head, decided)) = check(&Auto::default(), &input, false) else {
         return;
     };
     let essence = essence(&head);
     let chosen = if essence == b"text/event-stream" {
-        decide(&OpenAiSse::new(), &head, &[input.stream], false)
+        decide(&OpenAiSse::default(), &head, &[input.stream], false)
     } else if essence.starts_with(b"application/grpc") {
-        decide(&Grpc::new(), &head, &[input.stream], false)
+        decide(&Grpc::default(), &head, &[input.stream], false)
     } else {
         first_byte(input.stream)
     };

@@ -34,7 +34,7 @@ fn is_event_stream(head: &http::response::Parts) -> bool {
 fuzz_target!(|sse: SseInput<'_>| {
     let detector = match sse.max_event_bytes {
         None => OpenAiSse::default(),
-        Some(bytes) => OpenAiSse::new().max_event_bytes(usize::from(bytes)),
+        Some(bytes) => OpenAiSse::default().max_event_bytes(usize::from(bytes)),
     };
     if let Some((head, decided)) = check(&detector, &sse.input, true)
         && !is_event_stream(&head)

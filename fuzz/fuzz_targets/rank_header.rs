@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tower_admission::RankHeader;
-use tower_admission::http::RankExtractor;
+use tower_admission::http::Describe;
 
 /// The documented rule, written independently of the crate's parser.
 fn expected(values: &[&[u8]]) -> Option<u32> {
@@ -33,8 +33,8 @@ fuzz_target!(|values: Vec<&[u8]>| {
             .append(RankHeader::DEFAULT_NAME, header);
         sent.push(*value);
     }
-    let rank = RankHeader::default().rank(&request);
+    let rank = RankHeader::default().descriptor(&request).rank;
     assert_eq!(rank, expected(&sent), "values {sent:?}");
     // Another header name never ranks the request.
-    assert_eq!(RankHeader::new("x-dp-rank").rank(&request), None);
+    assert_eq!(RankHeader::new("x-dp-rank").descriptor(&request).rank, None);
 });

@@ -48,7 +48,7 @@ use std::time::Duration;
 /// more. Nothing is measured while nothing is admitted, so an idle gate's
 /// limit does not move. Shrinking never revokes admitted work: the waiting
 /// count may exceed the limit until it drains, as after a capacity report
-/// (SPEC §2, §5). One limit serves every rank, as the configured setting
+/// (behaviour §2, §5). One limit serves every rank, as the configured setting
 /// does: waiting times of all ranks are pooled.
 ///
 /// | parameter | default | meaning |
@@ -69,12 +69,12 @@ use std::time::Duration;
 /// use tower_admission::{AdaptiveWaitingLimit, AdmissionConfig};
 ///
 /// let config = AdmissionConfig::new().adaptive_waiting_limit_with(
-///     AdaptiveWaitingLimit::new()
+///     AdaptiveWaitingLimit::default()
 ///         .floor(2)
 ///         .ceiling(64)
 ///         .interval(Duration::from_millis(250)),
 /// );
-/// assert_eq!(config.explicit_adaptive_waiting_limit().map(|a| a.floor), Some(2));
+/// assert_eq!(config.explicit().adaptive_waiting_limit.map(|a| a.floor), Some(2));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -138,11 +138,6 @@ macro_rules! checked_setters {
 }
 
 impl AdaptiveWaitingLimit {
-    /// The defaults of the table above.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     checked_setters! {
         /// Sets the floor.
         ///

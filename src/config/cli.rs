@@ -2,8 +2,8 @@
 
 use std::num::NonZeroUsize;
 
-use super::AdmissionConfig;
 use super::env::{self, Overrides};
+use super::{AdmissionConfig, TenantLimits};
 
 /// Declares [`AdmissionArgs`]: first its numeric flags, in the order of
 /// [`env::NUMERIC`], one line each (field, value name, parser), then the
@@ -44,7 +44,7 @@ macro_rules! admission_args {
 }
 
 admission_args! {
-    /// The admission flags of SPEC §5, to flatten into a worker's own
+    /// The admission flags of behaviour §5, to flatten into a worker's own
     /// [`clap::Parser`]:
     ///
     /// | flag | environment (canonical, then alias) |
@@ -57,16 +57,21 @@ admission_args! {
     /// | `--request-queue-token-limit <N>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
     /// | `--request-queue-wait-limit-ms <MS>` | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
     /// | `--ttft-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
+    /// | `--inter-token-objective-ms <MS>` | `DYN_BACKEND_ADMISSION_INTER_TOKEN_OBJECTIVE_MS` |
     /// | `--aging-interval-ms <MS>` | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
     /// | `--queue-delay-target-ms <MS>` | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
     /// | `--priority-bands <BANDS>` | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` |
     /// | `--tenant-weight <NAME=WEIGHT>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` |
     /// | `--adaptive-waiting-limit[=<BOOL>]` | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` |
+    /// | `--tenant-request-limit <N>` | `DYN_BACKEND_ADMISSION_TENANT_REQUEST_LIMIT` |
+    /// | `--tenant-token-limit <N>` | `DYN_BACKEND_ADMISSION_TENANT_TOKEN_LIMIT` |
+    /// | `--tenant-queue-limit <N>` | `DYN_BACKEND_ADMISSION_TENANT_QUEUE_LIMIT` |
+    /// | `--tenant-limit <NAME=REQUESTS[:TOKENS[:QUEUED]]>` (repeatable) | `DYN_BACKEND_ADMISSION_TENANT_LIMITS` |
     ///
     /// The token limits are off unless set: requests are then counted, not
     /// weighed. So are the queue wait limit and the time-to-first-token
     /// objective: a queued request then waits as long as the queue takes. So is
-    /// aging (SPEC §8); without `--priority-bands` every priority is a band of
+    /// aging (behaviour §8); without `--priority-bands` every priority is a band of
     /// its own, and a tenant without a weight weighs 1.
     ///
     /// Priority bands are comma-separated integers (`--priority-bands=-1,0,10`),
@@ -103,9 +108,9 @@ admission_args! {
     ///     "DYN_ENGINE_REQUEST_LIMIT" => Some("32".into()),
     ///     _ => None,
     /// });
-    /// assert_eq!(config.explicit_engine_request_waiting_limit(), Some(12)); // the flag wins
-    /// assert_eq!(config.explicit_engine_request_limit(), Some(32)); // from the alias
-    /// assert_eq!(config.explicit_request_queue_limit(), None); // follows the engine
+    /// assert_eq!(config.explicit().engine_request_waiting_limit, Some(12)); // the flag wins
+    /// assert_eq!(config.explicit().engine_request_limit, Some(32)); // from the alias
+    /// assert_eq!(config.explicit().request_queue_limit, None); // follows the engine
     /// ```
     #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
     pub struct AdmissionArgs {
@@ -151,6 +156,12 @@ admission_args! {
             /// [default: off; env: DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS]
             pub ttft_objective_ms: Option<NonZeroUsize> as "MS" by engine_limit,
 
+            /// Inter-token objective in milliseconds: a finished request counts
+            /// as goodput only if no gap between the content chunks of its
+            /// response was longer (measured, not enforced) [default: off; env:
+            /// DYN_BACKEND_ADMISSION_INTER_TOKEN_OBJECTIVE_MS]
+            pub inter_token_objective_ms: Option<NonZeroUsize> as "MS" by engine_limit,
+
             /// A queued request rises one priority band per this many milliseconds
             /// of waiting, so a steady stream of higher-priority work never starves
             /// it [default: off; env: DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS]
@@ -161,6 +172,22 @@ admission_args! {
             /// overload (reason queue_delay) until it drains [default: off; env:
             /// DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS]
             pub queue_delay_target_ms: Option<NonZeroUsize> as "MS" by engine_limit,
+
+            /// Admitted requests per data-parallel rank one tenant may hold; a
+            /// tenant at it waits without holding up others [default: off; env:
+            /// DYN_BACKEND_ADMISSION_TENANT_REQUEST_LIMIT]
+            pub tenant_request_limit: Option<NonZeroUsize> as "N" by engine_limit,
+
+            /// Prompt plus maximum output tokens per data-parallel rank of one
+            /// tenant's admitted requests [default: off; env:
+            /// DYN_BACKEND_ADMISSION_TENANT_TOKEN_LIMIT]
+            pub tenant_token_limit: Option<NonZeroUsize> as "N" by engine_limit,
+
+            /// Requests per data-parallel rank one tenant may have queued; past
+            /// it, its requests are refused at once (scope tenant, reason
+            /// tenant_limit) [default: off; env:
+            /// DYN_BACKEND_ADMISSION_TENANT_QUEUE_LIMIT]
+            pub tenant_queue_limit: Option<usize> as "N" by queue_limit,
         ]
 
         /// Comma-separated priorities that are bands, e.g. -1,0,10: a request
@@ -175,6 +202,14 @@ admission_args! {
         /// DYN_BACKEND_ADMISSION_TENANT_WEIGHTS, comma-separated]
         #[arg(long, value_name = "NAME=WEIGHT", value_parser = tenant_weight)]
         pub tenant_weight: Vec<(String, u32)>,
+
+        /// Limits of one tenant per rank, as NAME=REQUESTS,
+        /// NAME=REQUESTS:TOKENS or NAME=REQUESTS:TOKENS:QUEUED (an empty
+        /// field takes the default for every tenant); repeat for
+        /// each tenant [default: the --tenant-*-limit defaults; env:
+        /// DYN_BACKEND_ADMISSION_TENANT_LIMITS, comma-separated]
+        #[arg(long, value_name = "NAME=REQUESTS[:TOKENS[:QUEUED]]", value_parser = tenant_limit)]
+        pub tenant_limit: Vec<(String, TenantLimits)>,
 
         /// Move the engine request waiting limit per rank between 1 and its
         /// configured or reported value by the engine waiting time the gate
@@ -208,6 +243,7 @@ impl AdmissionArgs {
             numeric: self.numeric(),
             priority_bands: self.priority_bands.clone(),
             tenant_weights: (!self.tenant_weight.is_empty()).then(|| self.tenant_weight.clone()),
+            tenant_limits: (!self.tenant_limit.is_empty()).then(|| self.tenant_limit.clone()),
             adaptive_waiting_limit: self.adaptive_waiting_limit,
         };
         env::resolve(overrides, &lookup)
@@ -230,6 +266,10 @@ fn priority_bands(raw: &str) -> Result<Vec<i32>, String> {
 
 fn tenant_weight(raw: &str) -> Result<(String, u32), String> {
     env::parse_tenant_weight(raw)
+}
+
+fn tenant_limit(raw: &str) -> Result<(String, TenantLimits), String> {
+    env::parse_tenant_limit(raw)
 }
 
 fn switch(raw: &str) -> Result<bool, String> {

@@ -1,4 +1,4 @@
-//! Resolution of the settings from environment variables (SPEC §5, §7, §8,
+//! Resolution of the settings from environment variables (behaviour §5, §7, §8,
 //! §9).
 //!
 //! Each setting has a canonical variable and, for the three request
@@ -14,7 +14,73 @@ use std::fmt;
 use std::num::IntErrorKind;
 use std::time::Duration;
 
-use super::{AdmissionConfig, LimitSource, LimitSources};
+use super::{AdmissionConfig, LimitSource, LimitSources, TenantLimits};
+
+/// Reading a configuration from the environment: the constructors that
+/// this module's rules serve.
+impl AdmissionConfig {
+    /// A configuration from the process environment (behaviour §5); see
+    /// [`from_lookup`](Self::from_lookup) for the variables and the rules.
+    pub fn from_env() -> Self {
+        Self::from_lookup(process_env)
+    }
+
+    /// A configuration from environment variables, read through `lookup`
+    /// (which returns a variable's value, or `None` when it is unset) rather
+    /// than from the process environment.
+    ///
+    /// | setting | canonical variable, then alias |
+    /// |---|---|
+    /// | engine request limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
+    /// | engine request waiting limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
+    /// | request queue limit | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
+    /// | engine waiting token limit | `DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT` |
+    /// | engine token limit | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
+    /// | request queue token limit | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
+    /// | request queue wait limit (ms) | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
+    /// | time-to-first-token objective (ms) | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
+    /// | inter-token objective (ms) | `DYN_BACKEND_ADMISSION_INTER_TOKEN_OBJECTIVE_MS` |
+    /// | aging interval (ms) | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
+    /// | queue delay target (ms) | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
+    /// | priority bands | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` (`-1,0,10`) |
+    /// | tenant weights | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` (`chat=4,batch=1`) |
+    /// | adaptive waiting limit | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` (`true`, `false`; also `1`/`0`, `yes`/`no`, `on`/`off`) |
+    /// | tenant request limit | `DYN_BACKEND_ADMISSION_TENANT_REQUEST_LIMIT` |
+    /// | tenant token limit | `DYN_BACKEND_ADMISSION_TENANT_TOKEN_LIMIT` |
+    /// | tenant queue limit | `DYN_BACKEND_ADMISSION_TENANT_QUEUE_LIMIT` (non-negative) |
+    /// | limits of named tenants | `DYN_BACKEND_ADMISSION_TENANT_LIMITS` (`batch=2:20000:10,chat=8`) |
+    ///
+    /// Per setting, independently: a valid canonical value wins and its
+    /// alias is not read; otherwise a valid alias value wins; otherwise the
+    /// setting follows the engine (or, for the settings without an alias,
+    /// stays off). Values are trimmed. Engine limits, token limits,
+    /// durations and weights accept positive integers, the queue limit
+    /// non-negative ones. A value that is empty, not an integer, negative,
+    /// below the minimum or too large — or a band list with a band twice, a
+    /// weight list with an empty name or a tenant twice — logs a warning
+    /// naming the variable and the value, and the next source is used: a
+    /// list is taken whole or not at all.
+    ///
+    /// ```
+    /// use tower_admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::from_lookup(|variable| match variable {
+    ///     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT" => Some(" 12 ".into()),
+    ///     "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT" => Some("-1".into()), // warns
+    ///     "DYN_DYNAMO_REQUEST_QUEUE_LIMIT" => Some("0".into()),
+    ///     _ => None,
+    /// });
+    /// assert_eq!(config.explicit().engine_request_limit, None); // follows the engine
+    /// assert_eq!(config.explicit().engine_request_waiting_limit, Some(12));
+    /// assert_eq!(config.explicit().request_queue_limit, Some(0)); // from the alias
+    /// ```
+    ///
+    /// With the `clap` feature, `AdmissionArgs` adds command-line flags that
+    /// take precedence over both variables.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        resolve(Overrides::default(), &lookup)
+    }
+}
 
 /// One setting's environment variables, the smallest value it accepts and
 /// what it is when nothing sets it.
@@ -36,7 +102,7 @@ pub(crate) struct Setting {
 /// The environment resolver reads them from here, and the command line
 /// hands its values over in this order ([`Overrides::numeric`]); a test
 /// of the flags checks that their names and order agree with it.
-pub(crate) const NUMERIC: [Numeric; 10] = [
+pub(crate) const NUMERIC: [Numeric; 14] = [
     Numeric {
         name: "engine_request_limit",
         flag: "--engine-request-limit",
@@ -126,6 +192,17 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
         apply: |config, n| config.ttft_objective(millis(n)),
     },
     Numeric {
+        name: "inter_token_objective",
+        flag: "--inter-token-objective-ms",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_INTER_TOKEN_OBJECTIVE_MS",
+            alias: None,
+            minimum: 1,
+            default: "off",
+        },
+        apply: |config, n| config.inter_token_objective(millis(n)),
+    },
+    Numeric {
         name: "aging_interval",
         flag: "--aging-interval-ms",
         setting: Setting {
@@ -146,6 +223,39 @@ pub(crate) const NUMERIC: [Numeric; 10] = [
             default: "off",
         },
         apply: |config, n| config.queue_delay_target(millis(n)),
+    },
+    Numeric {
+        name: "tenant_request_limit",
+        flag: "--tenant-request-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_TENANT_REQUEST_LIMIT",
+            alias: None,
+            minimum: 1,
+            default: "off",
+        },
+        apply: |config, n| config.tenant_request_limit(n),
+    },
+    Numeric {
+        name: "tenant_token_limit",
+        flag: "--tenant-token-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_TENANT_TOKEN_LIMIT",
+            alias: None,
+            minimum: 1,
+            default: "off",
+        },
+        apply: |config, n| config.tenant_token_limit(n),
+    },
+    Numeric {
+        name: "tenant_queue_limit",
+        flag: "--tenant-queue-limit",
+        setting: Setting {
+            canonical: "DYN_BACKEND_ADMISSION_TENANT_QUEUE_LIMIT",
+            alias: None,
+            minimum: 0,
+            default: "off",
+        },
+        apply: |config, n| config.tenant_queue_limit(n),
     },
 ];
 
@@ -187,6 +297,10 @@ pub(crate) const PRIORITY_BANDS: &str = "DYN_BACKEND_ADMISSION_PRIORITY_BANDS";
 /// Comma-separated tenant weights: `batch=1,chat=4`.
 pub(crate) const TENANT_WEIGHTS: &str = "DYN_BACKEND_ADMISSION_TENANT_WEIGHTS";
 
+/// Comma-separated limits of named tenants:
+/// `batch=2:20000:10,chat=8`.
+pub(crate) const TENANT_LIMITS: &str = "DYN_BACKEND_ADMISSION_TENANT_LIMITS";
+
 /// Whether the engine request waiting limit adapts: `true` or `false`
 /// (also `1`/`0`, `yes`/`no`, `on`/`off`).
 pub(crate) const ADAPTIVE_WAITING_LIMIT: &str = "DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT";
@@ -199,6 +313,7 @@ pub(crate) struct Overrides {
     pub(crate) numeric: [Option<usize>; NUMERIC.len()],
     pub(crate) priority_bands: Option<Vec<i32>>,
     pub(crate) tenant_weights: Option<Vec<(String, u32)>>,
+    pub(crate) tenant_limits: Option<Vec<(String, TenantLimits)>>,
     pub(crate) adaptive_waiting_limit: Option<bool>,
 }
 
@@ -228,6 +343,12 @@ pub(crate) fn resolve(
         .or_else(|| read(TENANT_WEIGHTS, lookup, &"the default", parse_tenant_weights));
     for (tenant, weight) in tenant_weights.into_iter().flatten() {
         config = config.tenant_weight(tenant, weight);
+    }
+    let tenant_limits = overrides
+        .tenant_limits
+        .or_else(|| read(TENANT_LIMITS, lookup, &"the default", parse_tenant_limits));
+    for (tenant, limits) in tenant_limits.into_iter().flatten() {
+        config = config.tenant_limits(tenant, limits);
     }
     let adaptive = overrides.adaptive_waiting_limit.or_else(|| {
         read(
@@ -432,6 +553,67 @@ pub(crate) fn parse_tenant_weights(raw: &str) -> Result<Vec<(String, u32)>, Stri
         weights.push((name, weight));
     }
     Ok(weights)
+}
+
+/// Parses the limits of one tenant, `NAME=REQUESTS[:TOKENS[:QUEUED]]`: a
+/// name that is not empty once trimmed, then its engine request limit,
+/// engine token limit and queue limit per rank. A field left empty
+/// (`batch=:20000`) takes the default for every tenant; at least one is
+/// given. Requests and tokens are positive, the queue limit may be 0.
+pub(crate) fn parse_tenant_limit(raw: &str) -> Result<(String, TenantLimits), String> {
+    const FORM: &str = "NAME=REQUESTS[:TOKENS[:QUEUED]], e.g. batch=2:20000:10";
+    let Some((name, values)) = raw.split_once('=') else {
+        return Err(format!("expected {FORM}"));
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("the tenant name is empty (expected {FORM})"));
+    }
+    let fields: Vec<&str> = values.split(':').map(str::trim).collect();
+    if fields.len() > 3 {
+        return Err(format!(
+            "tenant {name:?} has {} limits (expected {FORM})",
+            fields.len()
+        ));
+    }
+    let mut limits = TenantLimits::new();
+    for ((field, what), minimum) in fields
+        .iter()
+        .zip(["request limit", "token limit", "queue limit"])
+        .zip([1, 1, 0])
+    {
+        if field.is_empty() {
+            continue;
+        }
+        let n = parse(field, minimum)
+            .map_err(|invalid| format!("the {what} of tenant {name:?}: {invalid}"))?;
+        limits = match what {
+            "request limit" => limits.requests(n),
+            "token limit" => limits.tokens(n),
+            _ => limits.queued(n),
+        };
+    }
+    if !limits.is_set() {
+        return Err(format!("tenant {name:?} has no limit (expected {FORM})"));
+    }
+    Ok((name.to_owned(), limits))
+}
+
+/// Parses a list of tenant limits, `NAME=REQUESTS[:TOKENS[:QUEUED]]`
+/// comma-separated, no tenant named twice.
+pub(crate) fn parse_tenant_limits(raw: &str) -> Result<Vec<(String, TenantLimits)>, String> {
+    if raw.trim().is_empty() {
+        return Err(Invalid::Empty.to_string());
+    }
+    let mut all: Vec<(String, TenantLimits)> = Vec::new();
+    for item in raw.split(',') {
+        let (name, limits) = parse_tenant_limit(item)?;
+        if all.iter().any(|(seen, _)| *seen == name) {
+            return Err(format!("tenant {name:?} is given limits twice"));
+        }
+        all.push((name, limits));
+    }
+    Ok(all)
 }
 
 /// Parses an on/off setting: `true`, `1`, `yes`, `on` or `false`, `0`,

@@ -3,7 +3,10 @@
 
 use std::fmt;
 
-use super::*;
+/// The most data-parallel ranks a capacity report may name. The gate keeps
+/// state (and metric series) per rank, so a corrupt report of billions of
+/// ranks must not be believed; real deployments run tens to hundreds.
+pub const MAX_DP_RANKS: usize = 4096;
 
 /// What the engine says about itself: how many sequences one data-parallel
 /// rank runs at once, and how many ranks there are.
@@ -66,7 +69,7 @@ pub struct Limits {
     pub request_queue_token_limit: Option<usize>,
 }
 
-/// Where a limit in force comes from, by SPEC §5's precedence: a flag, then
+/// Where a limit in force comes from, by behaviour §5's precedence: a flag, then
 /// a variable (canonical, then alias), then the default. A limit set with
 /// the builder is [`Code`](Self::Code).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -76,11 +79,11 @@ pub enum LimitSource {
     Flag(&'static str),
     /// An environment variable, by name.
     Variable(&'static str),
-    /// The builder ([`AdmissionConfig::engine_request_limit`] and its
+    /// The builder ([`AdmissionConfig::engine_request_limit`](crate::AdmissionConfig::engine_request_limit) and its
     /// siblings).
     Code,
     /// The adaptive waiting limit
-    /// ([`AdmissionConfig::adaptive_waiting_limit`]) sets it, between a
+    /// ([`AdmissionConfig::adaptive_waiting_limit`](crate::AdmissionConfig::adaptive_waiting_limit)) sets it, between a
     /// floor and a ceiling.
     Adaptive {
         /// The smallest limit.
@@ -90,7 +93,7 @@ pub enum LimitSource {
     },
     /// Not set. A request limit then follows the engine: its reported
     /// `max_num_seqs` (twice that for the queue), or
-    /// [`DEFAULT_ENGINE_LIMIT`] and [`DEFAULT_QUEUE_LIMIT`] until it
+    /// [`DEFAULT_ENGINE_LIMIT`](crate::DEFAULT_ENGINE_LIMIT) (twice that for the queue) until it
     /// reports; a token limit is off.
     #[default]
     Default,

@@ -11,9 +11,11 @@ mod adaptive;
 mod cli;
 mod clock;
 mod env;
+mod explicit;
 mod limits;
 mod qos;
 mod setters;
+mod tenant;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -24,19 +26,17 @@ pub use self::adaptive::AdaptiveWaitingLimit;
 #[cfg(feature = "clap")]
 pub use self::cli::AdmissionArgs;
 pub(crate) use self::clock::Clock;
-pub use self::limits::{EngineCapacity, LimitSource, LimitSources, Limits, LimitsInForce};
+pub use self::explicit::ExplicitSettings;
+pub use self::limits::{
+    EngineCapacity, LimitSource, LimitSources, Limits, LimitsInForce, MAX_DP_RANKS,
+};
 use self::setters::{LimitValue, duration_setters, limit_setters};
+pub(crate) use self::tenant::TenantLimitSettings;
+pub use self::tenant::TenantLimits;
 use crate::builder::setters;
 
 /// Per-rank default for both engine limits until the engine reports its capacity.
 pub const DEFAULT_ENGINE_LIMIT: usize = 10_000;
-/// Per-rank default queue limit until the engine reports its capacity.
-pub const DEFAULT_QUEUE_LIMIT: usize = 2 * DEFAULT_ENGINE_LIMIT;
-
-/// The most data-parallel ranks a capacity report may name. The gate keeps
-/// state (and metric series) per rank, so a corrupt report of billions of
-/// ranks must not be believed; real deployments run tens to hundreds.
-pub const MAX_DP_RANKS: usize = 4096;
 
 /// The configuration of a [`Gate`](crate::Gate).
 ///
@@ -51,8 +51,8 @@ pub const MAX_DP_RANKS: usize = 4096;
 ///     .engine_request_waiting_limit(12) // sized with Little's law
 ///     .capacity(EngineCapacity::new(256, 2));
 /// let gate = Gate::new(config);
-/// assert_eq!(gate.limits().engine_request_limit, 256); // follows the engine
-/// assert_eq!(gate.limits().engine_request_waiting_limit, 12); // explicit
+/// assert_eq!(gate.limits_in_force().per_rank.engine_request_limit, 256); // follows the engine
+/// assert_eq!(gate.limits_in_force().per_rank.engine_request_waiting_limit, 12); // explicit
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AdmissionConfig {
@@ -64,6 +64,7 @@ pub struct AdmissionConfig {
     pub(crate) request_queue_token_limit: Option<NonZeroUsize>,
     pub(crate) request_queue_wait_limit: Option<Duration>,
     pub(crate) ttft_objective: Option<Duration>,
+    pub(crate) inter_token_objective: Option<Duration>,
     pub(crate) queue_delay_target: Option<Duration>,
     pub(crate) queue_delay_interval: Option<Duration>,
     pub(crate) retry_after_from_drain_rate: Option<Duration>,
@@ -72,6 +73,7 @@ pub struct AdmissionConfig {
     pub(crate) aging_interval: Option<Duration>,
     pub(crate) priority_bands: Vec<i32>,
     pub(crate) tenant_weights: BTreeMap<String, u32>,
+    pub(crate) tenant_limits: TenantLimitSettings,
     pub(crate) clock: Clock,
     pub(crate) capacity: Option<EngineCapacity>,
     /// The adaptive engine request waiting limit, when it is on.
@@ -168,6 +170,29 @@ impl AdmissionConfig {
         ///
         /// If `objective` is zero.
         ttft_objective(objective);
+
+        /// Sets the inter-token objective: the longest gap between two
+        /// successive content chunks of a streamed response that still counts
+        /// as good service. It changes no admission decision: it is one of
+        /// the objectives a finished request must meet to count in
+        /// `goodput_requests_total` (feature `metrics`, behaviour §6), with
+        /// the [time-to-first-token objective](Self::ttft_objective) and the
+        /// request's own deadline. A request meets it when the largest gap
+        /// between the content chunks of its response is at most `objective`.
+        /// Off unless set (then every request meets it).
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use tower_admission::AdmissionConfig;
+        ///
+        /// let config = AdmissionConfig::new().inter_token_objective(Duration::from_millis(50));
+        /// assert_eq!(config.explicit().inter_token_objective, Some(Duration::from_millis(50)));
+        /// ```
+        ///
+        /// # Panics
+        ///
+        /// If `objective` is zero.
+        inter_token_objective(objective);
     }
 
     setters! {
@@ -179,8 +204,9 @@ impl AdmissionConfig {
 
         /// The clock the gate measures queue waits, drain rates and waiting
         /// times with; `std::time::Instant::now` unless set. Only read when
-        /// deadlines are on. A test on tokio's paused time passes
-        /// `|| tokio::time::Instant::now().into_std()`.
+        /// deadlines are on, and by the HTTP layer for the client's view
+        /// (behaviour §6) while metrics are recorded. A test on tokio's
+        /// paused time passes `|| tokio::time::Instant::now().into_std()`.
         fn clock(now: impl Fn() -> Instant + Send + Sync + 'static) =>
             clock = Clock(Some(Arc::new(now)));
     }
@@ -225,7 +251,7 @@ impl AdmissionConfig {
         /// use tower_admission::AdmissionConfig;
         ///
         /// let config = AdmissionConfig::new().queue_delay_target(Duration::from_millis(50));
-        /// assert_eq!(config.explicit_queue_delay_target(), Some(Duration::from_millis(50)));
+        /// assert_eq!(config.explicit().queue_delay_target, Some(Duration::from_millis(50)));
         /// ```
         ///
         /// # Panics
@@ -244,13 +270,8 @@ impl AdmissionConfig {
         queue_delay_interval(interval);
     }
 
-    /// The queue delay target, if one was set.
-    pub fn explicit_queue_delay_target(&self) -> Option<Duration> {
-        self.queue_delay_target
-    }
-
     /// The queue delay interval in force: the one set, or 100 ms.
-    pub fn queue_delay_interval_in_force(&self) -> Duration {
+    pub(crate) fn queue_delay_interval_in_force(&self) -> Duration {
         self.queue_delay_interval
             .unwrap_or(DEFAULT_QUEUE_DELAY_INTERVAL)
     }
@@ -271,7 +292,7 @@ impl AdmissionConfig {
     /// use tower_admission::AdmissionConfig;
     ///
     /// let config = AdmissionConfig::new().retry_after_from_drain_rate(Duration::from_secs(30));
-    /// assert_eq!(config.explicit_retry_after_from_drain_rate(), Some(Duration::from_secs(30)));
+    /// assert_eq!(config.explicit().retry_after_from_drain_rate, Some(Duration::from_secs(30)));
     /// ```
     ///
     /// # Panics
@@ -294,25 +315,23 @@ impl AdmissionConfig {
         /// `dp_rank="unspecified"` the whole worker, from 0 (idle) to 1 (the
         /// next request would be rejected); see [`Gate::saturation`](crate::Gate::saturation)
         /// for the formula. The one series a router or an autoscaler needs.
-        /// Off unless set, so that the default series stay those of SPEC §6;
+        /// Off unless set, so that the default series stay those of behaviour §6;
         /// [`Gate::saturation`](crate::Gate::saturation) is always there.
         fn saturation_metric(record: bool) => saturation_metric = record;
     }
 
     /// Whether the saturation gauge is recorded.
-    pub fn explicit_saturation_metric(&self) -> bool {
+    pub(crate) fn explicit_saturation_metric(&self) -> bool {
         self.saturation_metric
     }
 
-    /// The maximum of the drain-rate `Retry-After` estimate, if it is on.
-    pub fn explicit_retry_after_from_drain_rate(&self) -> Option<Duration> {
-        self.retry_after_from_drain_rate
-    }
-
-    /// Whether the gate reads its clock: deadlines are on, or the waiting
-    /// limit adapts (it measures engine waiting times).
+    /// Whether the gate reads its clock: deadlines are on, the waiting
+    /// limit adapts (it measures engine waiting times), or tenants are
+    /// limited (a tenant's refusal says when its own queue drains).
     pub(crate) fn keeps_time(&self) -> bool {
-        self.deadlines_enabled() || self.adaptive_waiting_limit.is_some()
+        self.deadlines_enabled()
+            || self.adaptive_waiting_limit.is_some()
+            || self.tenant_limits.is_on()
     }
 
     setters! {
@@ -333,7 +352,7 @@ impl AdmissionConfig {
         ///         .capacity(EngineCapacity::new(256, 1)),
         /// );
         /// // It starts at its floor and grows as the engine shows it can take more.
-        /// assert_eq!(gate.limits().engine_request_waiting_limit, 1);
+        /// assert_eq!(gate.limits_in_force().per_rank.engine_request_waiting_limit, 1);
         /// ```
         fn adaptive_waiting_limit(on: bool) =>
             adaptive_waiting_limit = on.then(AdaptiveWaitingLimit::default);
@@ -341,21 +360,6 @@ impl AdmissionConfig {
         /// Turns the adaptive engine request waiting limit on with `params`.
         fn adaptive_waiting_limit_with(params: AdaptiveWaitingLimit) =>
             adaptive_waiting_limit = Some(params);
-    }
-
-    /// The adaptive waiting limit's parameters, if it is on.
-    pub fn explicit_adaptive_waiting_limit(&self) -> Option<AdaptiveWaitingLimit> {
-        self.adaptive_waiting_limit
-    }
-
-    /// The request queue wait limit, if one was set.
-    pub fn explicit_request_queue_wait_limit(&self) -> Option<Duration> {
-        self.request_queue_wait_limit
-    }
-
-    /// The time-to-first-token objective, if one was set.
-    pub fn explicit_ttft_objective(&self) -> Option<Duration> {
-        self.ttft_objective
     }
 
     /// The engine's capacity, if it is known when the gate is built. Without
@@ -380,90 +384,28 @@ impl AdmissionConfig {
         fn metrics_prefix(prefix: impl Into<String>) => metrics_prefix = Some(prefix.into());
     }
 
-    /// A configuration from the process environment (SPEC §5); see
-    /// [`from_lookup`](Self::from_lookup) for the variables and the rules.
-    pub fn from_env() -> Self {
-        Self::from_lookup(env::process_env)
-    }
-
-    /// A configuration from environment variables, read through `lookup`
-    /// (which returns a variable's value, or `None` when it is unset) rather
-    /// than from the process environment.
-    ///
-    /// | setting | canonical variable, then alias |
-    /// |---|---|
-    /// | engine request limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`, `DYN_ENGINE_REQUEST_LIMIT` |
-    /// | engine request waiting limit | `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT`, `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT` |
-    /// | request queue limit | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` |
-    /// | engine waiting token limit | `DYN_BACKEND_ADMISSION_ENGINE_WAITING_TOKEN_LIMIT` |
-    /// | engine token limit | `DYN_BACKEND_ADMISSION_ENGINE_TOKEN_LIMIT` |
-    /// | request queue token limit | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_TOKEN_LIMIT` |
-    /// | request queue wait limit (ms) | `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_WAIT_LIMIT_MS` |
-    /// | time-to-first-token objective (ms) | `DYN_BACKEND_ADMISSION_TTFT_OBJECTIVE_MS` |
-    /// | aging interval (ms) | `DYN_BACKEND_ADMISSION_AGING_INTERVAL_MS` |
-    /// | queue delay target (ms) | `DYN_BACKEND_ADMISSION_QUEUE_DELAY_TARGET_MS` |
-    /// | priority bands | `DYN_BACKEND_ADMISSION_PRIORITY_BANDS` (`-1,0,10`) |
-    /// | tenant weights | `DYN_BACKEND_ADMISSION_TENANT_WEIGHTS` (`chat=4,batch=1`) |
-    /// | adaptive waiting limit | `DYN_BACKEND_ADMISSION_ADAPTIVE_WAITING_LIMIT` (`true`, `false`; also `1`/`0`, `yes`/`no`, `on`/`off`) |
-    ///
-    /// Per setting, independently: a valid canonical value wins and its
-    /// alias is not read; otherwise a valid alias value wins; otherwise the
-    /// setting follows the engine (or, for the settings without an alias,
-    /// stays off). Values are trimmed. Engine limits, token limits,
-    /// durations and weights accept positive integers, the queue limit
-    /// non-negative ones. A value that is empty, not an integer, negative,
-    /// below the minimum or too large — or a band list with a band twice, a
-    /// weight list with an empty name or a tenant twice — logs a warning
-    /// naming the variable and the value, and the next source is used: a
-    /// list is taken whole or not at all.
-    ///
-    /// ```
-    /// use tower_admission::AdmissionConfig;
-    ///
-    /// let config = AdmissionConfig::from_lookup(|variable| match variable {
-    ///     "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_WAITING_LIMIT" => Some(" 12 ".into()),
-    ///     "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT" => Some("-1".into()), // warns
-    ///     "DYN_DYNAMO_REQUEST_QUEUE_LIMIT" => Some("0".into()),
-    ///     _ => None,
-    /// });
-    /// assert_eq!(config.explicit_engine_request_limit(), None); // follows the engine
-    /// assert_eq!(config.explicit_engine_request_waiting_limit(), Some(12));
-    /// assert_eq!(config.explicit_request_queue_limit(), Some(0)); // from the alias
-    /// ```
-    ///
-    /// With the `clap` feature, `AdmissionArgs` adds command-line flags that
-    /// take precedence over both variables.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
-        env::resolve(env::Overrides::default(), &lookup)
-    }
-
     /// The explicit engine request limit, if one was set.
-    pub fn explicit_engine_request_limit(&self) -> Option<usize> {
+    pub(crate) fn explicit_engine_request_limit(&self) -> Option<usize> {
         self.engine_request_limit.map(NonZeroUsize::get)
     }
 
     /// The explicit engine request waiting limit, if one was set.
-    pub fn explicit_engine_request_waiting_limit(&self) -> Option<usize> {
+    pub(crate) fn explicit_engine_request_waiting_limit(&self) -> Option<usize> {
         self.engine_request_waiting_limit.map(NonZeroUsize::get)
     }
 
-    /// The explicit request queue limit, if one was set.
-    pub fn explicit_request_queue_limit(&self) -> Option<usize> {
-        self.request_queue_limit
-    }
-
     /// The engine waiting token limit, if one was set.
-    pub fn explicit_engine_waiting_token_limit(&self) -> Option<usize> {
+    pub(crate) fn explicit_engine_waiting_token_limit(&self) -> Option<usize> {
         self.engine_waiting_token_limit.map(NonZeroUsize::get)
     }
 
     /// The engine token limit, if one was set.
-    pub fn explicit_engine_token_limit(&self) -> Option<usize> {
+    pub(crate) fn explicit_engine_token_limit(&self) -> Option<usize> {
         self.engine_token_limit.map(NonZeroUsize::get)
     }
 
     /// The request queue token limit, if one was set.
-    pub fn explicit_request_queue_token_limit(&self) -> Option<usize> {
+    pub(crate) fn explicit_request_queue_token_limit(&self) -> Option<usize> {
         self.request_queue_token_limit.map(NonZeroUsize::get)
     }
 

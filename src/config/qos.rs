@@ -1,4 +1,4 @@
-//! The class-of-service settings (SPEC §8): priority bands, tenant
+//! The class-of-service settings (behaviour §8): priority bands, tenant
 //! weights and aging.
 
 use std::time::Duration;
@@ -8,7 +8,7 @@ use super::setters::duration_setters;
 
 impl AdmissionConfig {
     duration_setters! {
-        /// Sets the aging interval (SPEC §8): a queued request rises one
+        /// Sets the aging interval (behaviour §8): a queued request rises one
         /// priority band for each interval it has waited, so a steady stream of
         /// higher-priority work never starves it. Aging lifts a band as a whole,
         /// by the wait of its oldest request; within a band, tenants keep their
@@ -26,7 +26,7 @@ impl AdmissionConfig {
         aging_interval(interval);
     }
 
-    /// Sets which priorities are bands (SPEC §8). A request belongs to the
+    /// Sets which priorities are bands (behaviour §8). A request belongs to the
     /// highest band at or below its priority (the lowest band if its
     /// priority is below them all), bands are served strictly in order, and
     /// metrics carry a `priority` label of the band. Unset, every priority
@@ -36,7 +36,7 @@ impl AdmissionConfig {
     /// use tower_admission::AdmissionConfig;
     ///
     /// let config = AdmissionConfig::new().priority_bands([10, -1, 0]);
-    /// assert_eq!(config.explicit_priority_bands(), &[-1, 0, 10]);
+    /// assert_eq!(config.explicit().priority_bands, &[-1, 0, 10]);
     /// ```
     pub fn priority_bands(mut self, bands: impl IntoIterator<Item = i32>) -> Self {
         let mut bands: Vec<i32> = bands.into_iter().collect();
@@ -47,7 +47,7 @@ impl AdmissionConfig {
     }
 
     /// Sets the weight of `tenant` in weighted fair sharing within a band
-    /// (SPEC §8): a tenant of weight 3 is served three times the tokens (or
+    /// (behaviour §8): a tenant of weight 3 is served three times the tokens (or
     /// requests, when costs are unknown) of a tenant of weight 1 while both
     /// wait. Tenants not named weigh 1.
     ///
@@ -65,24 +65,8 @@ impl AdmissionConfig {
         self
     }
 
-    /// The aging interval, if one was set.
-    pub fn explicit_aging_interval(&self) -> Option<Duration> {
-        self.aging_interval
-    }
-
-    /// The configured priority bands, ascending (empty: every priority is a
-    /// band).
-    pub fn explicit_priority_bands(&self) -> &[i32] {
-        &self.priority_bands
-    }
-
-    /// The weight of the tenant named `tenant` (1 unless set).
-    pub fn weight_of(&self, tenant: &str) -> u32 {
-        self.tenant_weights.get(tenant).copied().unwrap_or(1)
-    }
-
     /// Every tenant weight set, by tenant name.
-    pub fn tenant_weights(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
+    pub(crate) fn tenant_weights(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
         self.tenant_weights
             .iter()
             .map(|(tenant, weight)| (tenant.as_str(), *weight))

@@ -1,6 +1,6 @@
 //! [`AnyData`]: waiting ends at the first non-empty data frame.
 
-use super::FirstTokenDetector;
+use super::detector::FirstTokenDetector;
 
 /// Waiting ends at the first non-empty data frame of the response.
 ///

@@ -1,7 +1,10 @@
 //! [`Auto`]: the detector chosen by the response's content type.
 
+use super::any_data::AnyData;
+use super::detector::FirstTokenDetector;
+use super::grpc::Grpc;
 use super::media_type::{is_event_stream, media_type};
-use super::{AnyData, FirstTokenDetector, Grpc, OpenAiSse};
+use super::openai_sse::OpenAiSse;
 
 /// Chooses the detector by the response's `content-type`; the layer's
 /// default.
@@ -48,11 +51,6 @@ enum Chosen {
 }
 
 impl Auto {
-    /// The default choice of detectors.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// The detector used for `text/event-stream` responses, e.g. with
     /// another [`max_event_bytes`](OpenAiSse::max_event_bytes).
     pub fn sse(mut self, detector: OpenAiSse) -> Self {
@@ -72,7 +70,7 @@ impl FirstTokenDetector for Auto {
                 Chosen::Sse(detector)
             }
             Some(essence) if is_grpc(essence) => {
-                let mut detector = Grpc::new();
+                let mut detector = Grpc::default();
                 detector.on_response(head);
                 Chosen::Grpc(detector)
             }

@@ -1,6 +1,6 @@
 //! [`Grpc`]: waiting ends at the first complete length-prefixed gRPC message.
 
-use super::FirstTokenDetector;
+use super::detector::FirstTokenDetector;
 use super::media_type::media_type;
 
 /// Waiting ends at the first complete length-prefixed gRPC message.
@@ -67,11 +67,6 @@ enum Mode {
 const HEADER_LEN: u8 = 5;
 
 impl Grpc {
-    /// A detector waiting for the first message.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Reads one frame of gRPC messages; returns how many of its bytes
     /// completed the first message.
     fn count(&mut self, frame: &[u8]) -> Option<usize> {

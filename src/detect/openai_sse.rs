@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::FirstTokenDetector;
+use super::detector::FirstTokenDetector;
 use super::media_type::{is_event_stream, media_type};
 use super::openai_json::object_ends_waiting;
 use super::swar;
@@ -87,7 +87,7 @@ use super::swar;
 /// use tower_admission::FirstTokenDetector;
 /// use tower_admission::detect::OpenAiSse;
 ///
-/// let mut detector = OpenAiSse::new();
+/// let mut detector = OpenAiSse::default();
 /// let interim = b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
 /// assert_eq!(detector.on_data(interim), None);
 ///
@@ -117,15 +117,6 @@ impl OpenAiSse {
     /// The default bound on one event's buffered data: 64 KiB.
     pub const DEFAULT_MAX_EVENT_BYTES: usize = 64 * 1024;
 
-    /// A detector with the default bound on buffered event data.
-    pub fn new() -> Self {
-        OpenAiSse {
-            max_event_bytes: Self::DEFAULT_MAX_EVENT_BYTES,
-            mode: Mode::EventStream,
-            parser: EventParser::default(),
-        }
-    }
-
     /// Bounds the data buffered for one event to `bytes`; an event whose
     /// data (with the `\n` joining its lines) grows past the bound ends
     /// waiting. `0` makes every `data` line end waiting.
@@ -153,9 +144,14 @@ impl OpenAiSse {
     }
 }
 
+/// A detector with the default bound on buffered event data.
 impl Default for OpenAiSse {
     fn default() -> Self {
-        Self::new()
+        OpenAiSse {
+            max_event_bytes: Self::DEFAULT_MAX_EVENT_BYTES,
+            mode: Mode::EventStream,
+            parser: EventParser::default(),
+        }
     }
 }
 

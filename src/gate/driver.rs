@@ -40,9 +40,9 @@ use super::locked::{Locked, Waiter, stamp_queued, take_offers, wake_all};
 use super::observe::{BucketEvent, Configured, Observation, Observer, Stamp, contain};
 use super::permit::Permit;
 use super::state::{Arrival, Expiry, Grant, Polled, State, Ticket};
-use super::types::{Descriptor, Overloaded, Snapshot};
+use super::types::{Descriptor, Overloaded, RejectionReason, Snapshot};
 use crate::DefaultObserver;
-use crate::config::{AdmissionConfig, Clock, EngineCapacity, Limits, LimitsInForce};
+use crate::config::{AdmissionConfig, Clock, EngineCapacity, LimitsInForce};
 
 /// The admission gate of one worker. Cheap to clone: clones share one state.
 ///
@@ -209,6 +209,63 @@ impl Gate {
         Acquire { step }
     }
 
+    /// Counts a request turned away in front of the gate, before it was
+    /// described: by the sidecar while it shuts down
+    /// ([`Shutdown`](RejectionReason::Shutdown)), by
+    /// [`OpenAiCostLayer`](crate::http::OpenAiCostLayer) while too many
+    /// bodies are being read ([`BodyReads`](RejectionReason::BodyReads)).
+    /// It counts as an unranked arrival rejected at once, worker-scoped,
+    /// in the tallies and `rejection_total` like the gate's own
+    /// rejections; the returned [`Overloaded`] is the answer's.
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, Gate, RejectionReason, RejectionScope};
+    ///
+    /// let gate = Gate::new(AdmissionConfig::new());
+    /// let overloaded = gate.reject(RejectionReason::Shutdown);
+    /// assert_eq!(overloaded.scope(), RejectionScope::Worker);
+    /// let tally = gate.snapshot().tally;
+    /// assert_eq!((tally.received, tally.shutdown_worker), (1, 1));
+    /// ```
+    pub fn reject(&self, reason: RejectionReason) -> Overloaded {
+        let observing = self.observing();
+        let mut state = self.lock();
+        let overloaded = state.reject_unseen(reason);
+        self.end_event(state, Concerned::tally_of(None, None), observing);
+        overloaded
+    }
+
+    /// Shuts the gate down, for good: every queued request is rejected
+    /// with reason [`Shutdown`](RejectionReason::Shutdown) (worker scope)
+    /// at once, and so is every request that arrives from now on; admitted
+    /// requests run on and release their capacity as usual. A server
+    /// calls it when it begins to drain, so that requests that never
+    /// reached the engine are answered (the HTTP layer answers them `503`,
+    /// whatever its overload status: another worker may take them at once)
+    /// and counted in `rejection_total{reason="shutdown"}`.
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, Gate, RejectionReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let gate = Gate::new(AdmissionConfig::new().engine_request_limit(1));
+    /// let running = gate.acquire(None).await.expect("admitted");
+    /// let queued = gate.acquire(None);
+    /// gate.shut_down();
+    /// assert_eq!(queued.await.unwrap_err().reason(), RejectionReason::Shutdown);
+    /// let late = gate.acquire(None).await.unwrap_err();
+    /// assert_eq!(late.reason(), RejectionReason::Shutdown);
+    /// drop(running); // runs to its end
+    /// assert_eq!(gate.snapshot().tally.shutdown_worker, 2);
+    /// # });
+    /// ```
+    pub fn shut_down(&self) {
+        let mut state = self.lock();
+        state.shut_down();
+        // Every bucket's tally may have changed: observe the whole picture.
+        self.end_event(state, Concerned::Everything, DefaultObserver::ENABLED);
+    }
+
     /// The engine reports its capacity: defaults follow it, explicit
     /// settings stay. Growth admits queued requests at once; shrinking never
     /// revokes admitted work. A report of zero ranks or zero `max_num_seqs`
@@ -251,11 +308,6 @@ impl Gate {
     /// Counts, limits and tallies at this instant.
     pub fn snapshot(&self) -> Snapshot {
         self.lock().view().snapshot()
-    }
-
-    /// The per-rank limits in force.
-    pub fn limits(&self) -> Limits {
-        self.lock().view().limits()
     }
 
     /// How saturated the whole worker is, from 0 (idle) to 1 (the next
@@ -337,6 +389,13 @@ impl Gate {
     #[inline]
     fn observing(&self) -> bool {
         self.inner.observer.records()
+    }
+
+    /// Who hears of the gate's events: with feature `metrics`, the recorder
+    /// that also holds the HTTP layer's client-view series.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn observer(&self) -> &DefaultObserver {
+        &self.inner.observer
     }
 
     /// Ends a critical section: collects the wakers of the requests the

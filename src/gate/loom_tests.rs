@@ -139,7 +139,7 @@ fn a_capacity_report_racing_a_release_and_a_cancel_loses_nothing() {
         drop(permit);
         assert_empty(&gate);
         assert_eq!(gate.snapshot().tally.cancelled, 1);
-        assert_eq!(gate.limits().engine_request_limit, 2);
+        assert_eq!(gate.limits_in_force().per_rank.engine_request_limit, 2);
     });
 }
 

@@ -40,7 +40,7 @@ impl Permit {
     }
 
     /// Whether the permit still holds waiting capacity (no first token yet).
-    pub fn is_waiting(&self) -> bool {
+    pub(crate) fn is_waiting(&self) -> bool {
         self.grant.is_waiting()
     }
 

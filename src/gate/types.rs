@@ -42,6 +42,10 @@ pub enum RejectionScope {
     /// should stop routing to it for up to one second. Rejections of
     /// unranked requests are always worker-scoped.
     Worker,
+    /// Only the request's tenant is over its limit
+    /// ([`RejectionReason::TenantLimit`]); the worker has room for other
+    /// tenants, so a frontend keeps routing to it.
+    Tenant,
 }
 
 impl RejectionScope {
@@ -50,6 +54,7 @@ impl RejectionScope {
         match self {
             RejectionScope::Rank(_) => "rank",
             RejectionScope::Worker => "worker",
+            RejectionScope::Tenant => "tenant",
         }
     }
 }
@@ -64,29 +69,56 @@ pub enum RejectionReason {
     /// run out before the request could be admitted.
     Deadline,
     /// It waited in a full queue and gave its place to an arrival of higher
-    /// priority (SPEC §8): the newest request of the lowest band goes first.
+    /// priority (behaviour §8): the newest request of the lowest band goes first.
     Displaced,
     /// It waited in a standing queue longer than the queue delay target
     /// ([`AdmissionConfig::queue_delay_target`](crate::AdmissionConfig::queue_delay_target)):
     /// controlled delay sheds the standing queue. Always worker-scoped.
     QueueDelay,
+    /// The server is shutting down: the request never reached the engine,
+    /// and another worker may take it at once. Always worker-scoped;
+    /// counted by [`Gate::reject`](crate::Gate::reject).
+    Shutdown,
+    /// Too many request bodies were being read at once (the limit of
+    /// [`OpenAiCostLayer::max_concurrent_reads`](crate::http::OpenAiCostLayer::max_concurrent_reads)),
+    /// so the request was turned away before its body was read. Always
+    /// worker-scoped; counted by [`Gate::reject`](crate::Gate::reject).
+    BodyReads,
+    /// Its tenant already had as many requests queued as its tenant queue
+    /// limit allows ([`AdmissionConfig::tenant_queue_limit`](crate::AdmissionConfig::tenant_queue_limit)).
+    /// Always tenant-scoped.
+    TenantLimit,
 }
 
 impl RejectionReason {
     /// The `reason` label and header value: `"queue_full"`, `"deadline"`,
-    /// `"displaced"` or `"queue_delay"`.
+    /// `"displaced"`, `"queue_delay"`, `"shutdown"` or `"body_reads"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RejectionReason::QueueFull => "queue_full",
             RejectionReason::Deadline => "deadline",
             RejectionReason::Displaced => "displaced",
             RejectionReason::QueueDelay => "queue_delay",
+            RejectionReason::Shutdown => "shutdown",
+            RejectionReason::BodyReads => "body_reads",
+            RejectionReason::TenantLimit => "tenant_limit",
         }
+    }
+
+    /// Whether a rejection for this reason concerns the whole worker
+    /// whatever the request's rank: a standing queue, a shutdown and a
+    /// flood of bodies are the worker's, not a rank's.
+    pub(crate) fn is_worker_wide(self) -> bool {
+        matches!(
+            self,
+            RejectionReason::QueueDelay | RejectionReason::Shutdown | RejectionReason::BodyReads
+        )
     }
 }
 
-/// A request was rejected before it reached the engine: its queue was full,
-/// or its queue wait budget ran out.
+/// A request was rejected before it reached the engine, for a
+/// [`RejectionReason`]: its queue was full, its queue wait budget ran out,
+/// the server is shutting down, …
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overloaded {
     pub(crate) scope: RejectionScope,
@@ -99,6 +131,18 @@ pub struct Overloaded {
 }
 
 impl Overloaded {
+    /// A worker-scoped rejection for `reason` that no gate counted.
+    // Made only by the HTTP layers.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn worker(reason: RejectionReason) -> Self {
+        Overloaded {
+            scope: RejectionScope::Worker,
+            reason,
+            client_deadline: false,
+            retry_after: None,
+        }
+    }
+
     /// Whom the rejection concerns.
     pub fn scope(&self) -> RejectionScope {
         self.scope
@@ -123,7 +167,11 @@ impl Overloaded {
     /// has drained at, rounded up to whole seconds, clamped to `[1 s,
     /// max]`. `None` for rank-scoped rejections, when the estimate is off
     /// (the default), and before a drain rate has been measured; the HTTP
-    /// layer then sends its fixed `Retry-After`.
+    /// layer then sends its fixed `Retry-After`. For a tenant-scoped
+    /// rejection, the tenant's own queued requests over the rate its own
+    /// requests left the queue at, the same way (at most a minute unless
+    /// the drain-rate estimate sets another maximum); `None` before a rate
+    /// was measured.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
@@ -140,12 +188,18 @@ impl fmt::Display for Overloaded {
             RejectionReason::QueueDelay => {
                 "has a standing queue: the request waited longer than the queue delay target"
             }
+            RejectionReason::Shutdown => "is shutting down; the request did not reach the engine",
+            RejectionReason::BodyReads => "is reading too many request bodies at once",
+            RejectionReason::TenantLimit => {
+                "already has as many requests queued as its tenant queue limit allows"
+            }
         };
         match self.scope {
             RejectionScope::Rank(rank) => {
                 write!(f, "overloaded: data-parallel rank {rank} {what}")
             }
             RejectionScope::Worker => write!(f, "overloaded: the worker {what}"),
+            RejectionScope::Tenant => write!(f, "overloaded: the request's tenant {what}"),
         }
     }
 }
@@ -281,13 +335,13 @@ pub struct Descriptor {
     /// the gate's own queue wait limit and time-to-first-token objective it
     /// makes the request's queue wait budget, the smallest of the three.
     pub deadline: Option<Duration>,
-    /// Its priority (SPEC §8): higher is served first; 0 by default;
+    /// Its priority (behaviour §8): higher is served first; 0 by default;
     /// negative marks sheddable work, the first to be displaced from a full
     /// queue. Requests of one priority form one band, or, with
     /// [`AdmissionConfig::priority_bands`](crate::AdmissionConfig::priority_bands),
     /// of the configured band at or below it.
     pub priority: i32,
-    /// The fairness key it is served under (SPEC §8): within a band, tenants
+    /// The fairness key it is served under (behaviour §8): within a band, tenants
     /// share the engine by weight; `None` is one more tenant.
     pub tenant: Option<Tenant>,
 }
@@ -342,7 +396,7 @@ impl Descriptor {
     }
 }
 
-/// A tenant: the key weighted fair sharing is done by (SPEC §8). It is a
+/// A tenant: the key weighted fair sharing is done by (behaviour §8). It is a
 /// 64-bit keyed digest of the tenant's name (SipHash-1-3 under a key drawn
 /// at random once per process), so a descriptor stays `Copy` and the gate
 /// stores no strings; equal names are equal tenants within a process. A
@@ -431,6 +485,15 @@ pub struct Tally {
     /// Of the worker-scoped rejections, queued requests shed by controlled
     /// delay ([`RejectionReason::QueueDelay`]; always worker-scoped).
     pub shed_worker: u64,
+    /// Of the worker-scoped rejections, requests turned away while the
+    /// server shut down ([`RejectionReason::Shutdown`]).
+    pub shutdown_worker: u64,
+    /// Of the worker-scoped rejections, requests turned away while too
+    /// many bodies were being read ([`RejectionReason::BodyReads`]).
+    pub body_reads_worker: u64,
+    /// Requests refused because their tenant was over its limit
+    /// ([`RejectionScope::Tenant`], [`RejectionReason::TenantLimit`]).
+    pub rejected_tenant: u64,
     /// Requests cancelled while queued (including a cancellation that won a
     /// race against an admission offer).
     pub cancelled: u64,
@@ -442,9 +505,9 @@ impl Tally {
         self.admitted_direct + self.admitted_queue
     }
 
-    /// All rejections, of both scopes and every reason.
+    /// All rejections, of every scope and reason.
     pub fn rejected(&self) -> u64 {
-        self.rejected_rank + self.rejected_worker
+        self.rejected_rank + self.rejected_worker + self.rejected_tenant
     }
 
     /// Rejections for a deadline, of both scopes.
@@ -479,6 +542,11 @@ impl Tally {
                 .displaced_worker
                 .saturating_sub(earlier.displaced_worker),
             shed_worker: self.shed_worker.saturating_sub(earlier.shed_worker),
+            shutdown_worker: self.shutdown_worker.saturating_sub(earlier.shutdown_worker),
+            body_reads_worker: self
+                .body_reads_worker
+                .saturating_sub(earlier.body_reads_worker),
+            rejected_tenant: self.rejected_tenant.saturating_sub(earlier.rejected_tenant),
             cancelled: self.cancelled.saturating_sub(earlier.cancelled),
         }
     }
@@ -486,7 +554,8 @@ impl Tally {
     pub(crate) fn add(&mut self, other: &Tally) {
         add_fields!(self, other; received, admitted_direct, admitted_queue,
             rejected_rank, rejected_worker, expired_rank, expired_worker,
-            displaced_rank, displaced_worker, shed_worker, cancelled);
+            displaced_rank, displaced_worker, shed_worker, shutdown_worker,
+            body_reads_worker, rejected_tenant, cancelled);
     }
 }
 
@@ -520,7 +589,7 @@ impl Snapshot {
     }
 }
 
-/// How the requests of one configured priority band (SPEC §8) of one
+/// How the requests of one configured priority band (behaviour §8) of one
 /// bucket have ended; kept only when
 /// [`AdmissionConfig::priority_bands`](crate::AdmissionConfig::priority_bands)
 /// are configured. A request counts under the band it arrived in, however

@@ -4,14 +4,14 @@
 //! Each request is decided when the service is **called**: a [`Bypass`]
 //! predicate may let it skip the gate; the layer's one describer
 //! ([`Describe`]) reads it once into a [`Descriptor`](crate::Descriptor) —
-//! its rank (a [`RankExtractor`]), its cost for token budgets (a
-//! [`Cost`](crate::Cost) request extension set by an earlier layer: see
-//! [`OpenAiCostLayer`] and [`CostLayer`]), its priority and tenant (SPEC
-//! §8, from [`Priority`] and [`Tenant`](crate::Tenant) extensions or
-//! [`QosHeaders`]; take them from a trusted router only) and its deadline
-//! ([`GrpcTimeout`], [`DeadlineHeader`]) — and the worker's
-//! [`Gate`](crate::Gate), given the descriptor whole, admits it, queues
-//! it, or rejects it.
+//! its rank ([`RankHeader`], or a describer of your own), its cost for
+//! token budgets (a [`Cost`](crate::Cost) request extension set by
+//! [`OpenAiCostLayer`], or [`CostHeader`]), its priority and tenant
+//! (behaviour §8, from [`QosHeaders`] or [`Priority`] and
+//! [`Tenant`](crate::Tenant) extensions; take them from a trusted router
+//! only) and its deadline ([`GrpcTimeout`], [`DeadlineHeader`]) — and the
+//! worker's [`Gate`](crate::Gate), given the descriptor whole, admits it,
+//! queues it, or rejects it.
 //!
 //! * **Admitted** requests reach the inner service with two extensions:
 //!   [`Admitted`] (the rank they are counted under) and [`FirstToken`]. The
@@ -36,16 +36,22 @@
 //!     members, in this order:
 //!     `{"error":{"message":"overloaded: data-parallel rank 1 has no room to admit or queue the request","type":"overloaded","param":null,"code":529,"scope":"rank","rank":1,"reason":"queue_full"}}`
 //!     (`"scope":"worker","rank":null` for worker scope; `reason` is
-//!     `queue_full`, `deadline` or `displaced`, as in the
+//!     that of the [`RejectionReason`](crate::RejectionReason), as in the
 //!     `x-admission-rejection-reason` header). The example under
-//!     [Testing](#testing-with-tower-test) receives exactly this body;
+//!     [Testing](#testing-with-tower-test) receives exactly this body. A
+//!     request the gate rejects because it is shutting down
+//!     ([`Gate::shut_down`](crate::Gate::shut_down), reason `shutdown`) is
+//!     answered `503` whatever the overload status: it is not an
+//!     overload, and another worker may take it at once;
 //!   - gRPC (request `content-type: application/grpc…`): a trailers-only
 //!     `200` with `grpc-status: 14` (`UNAVAILABLE`, configurable with
 //!     [`AdmissionLayer::grpc_overload_code`]) and a percent-encoded
 //!     `grpc-message`, and an empty body; a gRPC-Web request gets its own
 //!     `content-type` back;
 //!   - both carry `x-admission-rejection-scope: rank|worker`,
-//!     `x-admission-rejection-reason: queue_full|deadline|displaced|queue_delay`,
+//!     `x-admission-rejection-reason: queue_full|deadline|displaced|queue_delay|shutdown|body_reads`
+//!     (`body_reads`: [`OpenAiCostLayer`]'s answer when too many bodies are
+//!     being read),
 //!     and `x-admission-rank: N` for rank scope. Worker-scoped rejections add
 //!     `retry-after: 1` (HTTP) or `grpc-retry-pushback-ms: 1000` (gRPC): a
 //!     frontend should route elsewhere for a second
@@ -316,27 +322,20 @@ mod admission;
 mod cost;
 mod describe;
 mod estimate;
-mod extension;
-mod qos;
-mod rank;
-mod reader;
 mod reject;
 
 pub use self::admission::{
     Admission, AdmissionLayer, Admitted, Bypass, BypassPaths, FirstToken, NoBypass, ResponseBody,
     ResponseFuture,
 };
-pub use self::cost::{
-    CostBody, CostExtractor, CostHeader, CostLayer, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CONCURRENT_READS, DEFAULT_READ_TIMEOUT, OpenAiCost, OpenAiCostLayer, SetCost,
-};
+pub use self::cost::{CostBody, OpenAiCost, OpenAiCostLayer};
 pub use self::describe::{
-    ByRank, CostExtension, DeadlineHeader, Describe, GrpcTimeout, QosExtension,
+    CostHeader, DeadlineHeader, Describe, GrpcTimeout, Priority, QosHeaders, RankHeader,
 };
-pub use self::extension::{ExtensionKind, SetExtension, SetExtensionLayer, SetsCost, SetsQos};
-pub use self::qos::{Priority, Qos, QosExtractor, QosHeaders, QosLayer, SetQos};
-pub use self::rank::{DataParallelRank, NoRank, RankExtension, RankExtractor, RankHeader};
 pub use self::reject::{ORIGIN, REJECTED_RANK, REJECTION_REASON, REJECTION_SCOPE};
+
+// The one writer of the OpenAI-style error bodies, for the sidecar's own.
+pub use self::reject::{error_response, overload_response};
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -1,6 +1,11 @@
 //! The overload answer: what a rejected request receives instead of
 //! reaching the inner service. It is decided before any response header is
 //! sent, so a client never sees a `200` followed by an in-stream error.
+//!
+//! Every OpenAI-style JSON error this workspace writes — the layer's
+//! overload answers, [`OpenAiCostLayer`](super::OpenAiCostLayer)'s, the
+//! sidecar's `502`, `504` and shutdown `503` — is written here, by
+//! [`ErrorObject`]: one shape, one member order.
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
@@ -9,9 +14,10 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, request};
 
-use crate::gate::{Overloaded, RejectionScope};
+use crate::gate::{Overloaded, RejectionReason, RejectionScope};
 
-/// Response header naming the rejection scope: `rank` or `worker`.
+/// Response header naming the rejection scope: `rank`, `worker` or
+/// `tenant`.
 pub const REJECTION_SCOPE: HeaderName = HeaderName::from_static("x-admission-rejection-scope");
 
 /// Response header naming the rejected request's rank, on rank-scoped
@@ -19,7 +25,8 @@ pub const REJECTION_SCOPE: HeaderName = HeaderName::from_static("x-admission-rej
 pub const REJECTED_RANK: HeaderName = HeaderName::from_static("x-admission-rank");
 
 /// Response header naming why the request was rejected: `queue_full`,
-/// `deadline`, `displaced` or `queue_delay`.
+/// `deadline`, `displaced`, `queue_delay`, `shutdown`, `body_reads` or
+/// `tenant_limit` ([`RejectionReason::as_str`](crate::RejectionReason::as_str)).
 pub const REJECTION_REASON: HeaderName = HeaderName::from_static("x-admission-rejection-reason");
 
 /// Response header naming who wrote an error answer that a sidecar (the
@@ -53,6 +60,8 @@ pub(crate) type BuildResponse =
 #[derive(Clone)]
 pub(crate) struct OverloadResponder {
     pub(crate) status: StatusCode,
+    /// The status of tenant-scoped answers (429 by default).
+    pub(crate) tenant_status: StatusCode,
     pub(crate) grpc_code: u16,
     /// `Retry-After` (gRPC: `grpc-retry-pushback-ms`) on worker-scoped
     /// rejections, in seconds, unless the gate estimated one
@@ -66,6 +75,7 @@ impl fmt::Debug for OverloadResponder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OverloadResponder")
             .field("status", &self.status)
+            .field("tenant_status", &self.tenant_status)
             .field("grpc_code", &self.grpc_code)
             .field("retry_after", &self.retry_after)
             .field("custom", &self.build.is_some())
@@ -87,6 +97,7 @@ impl Default for OverloadResponder {
     fn default() -> Self {
         OverloadResponder {
             status: StatusCode::from_u16(SITE_OVERLOADED).expect("529 is a valid status code"),
+            tenant_status: StatusCode::TOO_MANY_REQUESTS,
             grpc_code: GRPC_UNAVAILABLE,
             retry_after: Some(WORKER_BACKOFF_SECONDS),
             build: None,
@@ -95,6 +106,18 @@ impl Default for OverloadResponder {
 }
 
 impl OverloadResponder {
+    /// The status of the HTTP answer to `overloaded`: the layer's overload
+    /// status, except for a shutdown, which is not an overload but a
+    /// worker going away: `503`, which load balancers and clients already
+    /// read as "try another".
+    fn status_for(&self, overloaded: &Overloaded) -> StatusCode {
+        match (overloaded.reason(), overloaded.scope()) {
+            (RejectionReason::Shutdown, _) => StatusCode::SERVICE_UNAVAILABLE,
+            (_, RejectionScope::Tenant) => self.tenant_status,
+            _ => self.status,
+        }
+    }
+
     /// The answer to the rejected request whose head is `request`.
     pub(crate) fn respond(
         &self,
@@ -106,13 +129,11 @@ impl OverloadResponder {
         }
         // The gate's estimate, when it made one, replaces the fixed value;
         // a layer that sends none sends none.
-        let retry_after = self.retry_after.map(|fixed| {
-            overloaded.retry_after().map_or(fixed, |estimate| {
-                u32::try_from(estimate.as_secs()).unwrap_or(u32::MAX)
-            })
-        });
+        let retry_after = self
+            .retry_after
+            .map(|fixed| overloaded.retry_after().map_or(fixed, whole_seconds));
         match Protocol::of(&request.headers) {
-            Protocol::Http => http_answer(overloaded, self.status, retry_after),
+            Protocol::Http => http_answer(overloaded, self.status_for(&overloaded), retry_after),
             Protocol::Grpc(content_type) => {
                 grpc_answer(overloaded, self.grpc_code, retry_after, content_type)
             }
@@ -166,46 +187,133 @@ fn scope_headers(headers: &mut HeaderMap, overloaded: &Overloaded) {
     }
 }
 
-/// The body of an HTTP overload answer: the OpenAI error object (`message`,
-/// `type`, `param`, `code`), with the rejection's `scope`, `rank` and
-/// `reason` as extra members, in that order. Serialised field by field, so
-/// the order is the documented one whatever features `serde_json` is built
-/// with (`preserve_order` or not).
-pub(crate) struct ErrorBody<'a> {
-    pub(crate) overloaded: &'a Overloaded,
-    pub(crate) status: StatusCode,
+/// The `code` member of an error object: the status, or a name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Code<'a> {
+    Number(u16),
+    Name(&'a str),
 }
 
-impl serde::Serialize for ErrorBody<'_> {
+/// The OpenAI error object (`message`, `type`, `param`, `code`) and, for
+/// an overload answer, the rejection's `scope`, `rank` and `reason` as
+/// extra members, in that order, inside `{"error": …}`. Serialised field
+/// by field, so the order is the documented one whatever features
+/// `serde_json` is built with (`preserve_order` or not).
+pub(crate) struct ErrorObject<'a> {
+    pub(crate) message: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) code: Code<'a>,
+    pub(crate) overloaded: Option<&'a Overloaded>,
+}
+
+impl ErrorObject<'_> {
+    /// The whole answer: `status`, `content-type: application/json`, this
+    /// object as the body.
+    pub(crate) fn respond(&self, status: StatusCode) -> Response<Bytes> {
+        let json =
+            serde_json::to_vec(&Wrapped(self)).expect("strings and numbers always serialise");
+        let mut response = Response::new(Bytes::from(json));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        response
+    }
+}
+
+/// `{"error": object}`.
+struct Wrapped<'a>(&'a ErrorObject<'a>);
+
+impl serde::Serialize for Wrapped<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let mut body = serializer.serialize_struct("ErrorBody", 1)?;
-        body.serialize_field("error", &ErrorObject(self))?;
+        body.serialize_field("error", self.0)?;
         body.end()
     }
 }
 
-struct ErrorObject<'a>(&'a ErrorBody<'a>);
-
 impl serde::Serialize for ErrorObject<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let ErrorBody { overloaded, status } = self.0;
-        let scope = overloaded.scope();
-        let rank = match scope {
-            RejectionScope::Rank(rank) => Some(rank),
-            RejectionScope::Worker => None,
-        };
-        let mut error = serializer.serialize_struct("ErrorObject", 7)?;
-        error.serialize_field("message", &overloaded.to_string())?;
-        error.serialize_field("type", "overloaded")?;
+        let members = if self.overloaded.is_some() { 7 } else { 4 };
+        let mut error = serializer.serialize_struct("ErrorObject", members)?;
+        error.serialize_field("message", self.message)?;
+        error.serialize_field("type", self.kind)?;
         error.serialize_field("param", &())?;
-        error.serialize_field("code", &status.as_u16())?;
-        error.serialize_field("scope", scope.as_str())?;
-        error.serialize_field("rank", &rank)?;
-        error.serialize_field("reason", overloaded.reason().as_str())?;
+        match self.code {
+            Code::Number(code) => error.serialize_field("code", &code)?,
+            Code::Name(code) => error.serialize_field("code", code)?,
+        }
+        if let Some(overloaded) = self.overloaded {
+            let scope = overloaded.scope();
+            let rank = match scope {
+                RejectionScope::Rank(rank) => Some(rank),
+                RejectionScope::Worker | RejectionScope::Tenant => None,
+            };
+            error.serialize_field("scope", scope.as_str())?;
+            error.serialize_field("rank", &rank)?;
+            error.serialize_field("reason", overloaded.reason().as_str())?;
+        }
         error.end()
     }
+}
+
+/// An OpenAI-style JSON error answer that is not an overload: `status`,
+/// `content-type: application/json` and the body
+/// `{"error":{"message":…,"type":…,"param":null,"code":<status>}}` (what
+/// the sidecar answers when the engine is unreachable or too slow).
+///
+/// ```
+/// use http::StatusCode;
+/// use tower_admission::http::error_response;
+///
+/// let response = error_response(StatusCode::BAD_GATEWAY, "upstream_unreachable", "no engine");
+/// assert_eq!(
+///     response.body().as_ref(),
+///     br#"{"error":{"message":"no engine","type":"upstream_unreachable","param":null,"code":502}}"#
+/// );
+/// ```
+pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<Bytes> {
+    ErrorObject {
+        message,
+        kind,
+        code: Code::Number(status.as_u16()),
+        overloaded: None,
+    }
+    .respond(status)
+}
+
+/// The overload answer to `overloaded` over HTTP with `status`, for a
+/// rejection made in front of the gate (the
+/// [`OpenAiCostLayer`](super::OpenAiCostLayer)'s, the sidecar's): the
+/// layer's OpenAI-style body with the scope, the rank and the reason, their
+/// headers, and `Retry-After` the gate's estimate, else 1 s. Count the
+/// rejection with [`Gate::reject`](crate::Gate::reject), which gives the
+/// `overloaded` to answer.
+///
+/// ```
+/// use http::StatusCode;
+/// use tower_admission::http::{REJECTION_REASON, overload_response};
+/// use tower_admission::{AdmissionConfig, Gate, RejectionReason};
+///
+/// let gate = Gate::new(AdmissionConfig::new());
+/// let overloaded = gate.reject(RejectionReason::BodyReads);
+/// let response = overload_response(&overloaded, StatusCode::SERVICE_UNAVAILABLE);
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()[REJECTION_REASON], "body_reads");
+/// assert_eq!(response.headers()["retry-after"], "1");
+/// ```
+pub fn overload_response(overloaded: &Overloaded, status: StatusCode) -> Response<Bytes> {
+    let retry_after = overloaded
+        .retry_after()
+        .map_or(WORKER_BACKOFF_SECONDS, whole_seconds);
+    http_answer(*overloaded, status, Some(retry_after))
+}
+
+/// A `Retry-After` in whole seconds.
+fn whole_seconds(after: std::time::Duration) -> u32 {
+    u32::try_from(after.as_secs()).unwrap_or(u32::MAX)
 }
 
 /// `{"error":{"message":…,"type":"overloaded","param":null,"code":529,"scope":"rank","rank":3,"reason":"queue_full"}}`.
@@ -215,17 +323,17 @@ fn http_answer(
     retry_after: Option<u32>,
 ) -> Response<Bytes> {
     let scope = overloaded.scope();
-    let body = ErrorBody {
-        overloaded: &overloaded,
-        status,
-    };
-    let json = serde_json::to_vec(&body).expect("strings and numbers always serialise");
-    let mut response = Response::new(Bytes::from(json));
-    *response.status_mut() = status;
+    let message = overloaded.to_string();
+    let mut response = ErrorObject {
+        message: &message,
+        kind: "overloaded",
+        code: Code::Number(status.as_u16()),
+        overloaded: Some(&overloaded),
+    }
+    .respond(status);
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     scope_headers(headers, &overloaded);
-    if let (RejectionScope::Worker, Some(seconds)) = (scope, retry_after) {
+    if let (RejectionScope::Worker | RejectionScope::Tenant, Some(seconds)) = (scope, retry_after) {
         headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     #[cfg(feature = "hyper")]
@@ -262,7 +370,7 @@ fn grpc_answer(
         headers.insert(GRPC_MESSAGE, message);
     }
     scope_headers(headers, &overloaded);
-    if let (RejectionScope::Worker, Some(seconds)) = (scope, retry_after) {
+    if let (RejectionScope::Worker | RejectionScope::Tenant, Some(seconds)) = (scope, retry_after) {
         headers.insert(
             GRPC_RETRY_PUSHBACK_MS,
             HeaderValue::from(u64::from(seconds) * 1000),

@@ -137,6 +137,11 @@ pub(super) struct Shape {
     /// The `priority` label of each configured band, lowest first; empty:
     /// no per-priority series.
     pub(super) priorities: Vec<String>,
+    /// Whether some tenant is limited: then tenant-scoped rejections
+    /// (reason `tenant_limit`) have a series, and rejections carry reasons.
+    pub(super) tenants: bool,
+    /// The label sets of the client's view.
+    pub(super) client: super::client::Labels,
 }
 
 impl Shape {
@@ -146,17 +151,17 @@ impl Shape {
             || limits.engine_token_limit.is_some()
             || limits.request_queue_token_limit.is_some())
         .then_some(limits);
-        let priorities: Vec<String> = config
-            .explicit_priority_bands()
-            .iter()
-            .map(i32::to_string)
-            .collect();
+        let priorities: Vec<String> = config.priority_bands.iter().map(i32::to_string).collect();
         Shape {
             token_limits,
-            reasons: config.deadlines_enabled() || !priorities.is_empty(),
-            shedding: config.explicit_queue_delay_target().is_some(),
+            reasons: config.deadlines_enabled()
+                || !priorities.is_empty()
+                || config.tenant_limits.is_on(),
+            tenants: config.tenant_limits.is_on(),
+            shedding: config.queue_delay_target.is_some(),
             saturation: config.explicit_saturation_metric(),
             priorities,
+            client: super::client::Labels::of(config),
         }
     }
 
@@ -169,6 +174,8 @@ impl Shape {
             shedding: false,
             saturation: false,
             priorities: Vec::new(),
+            tenants: false,
+            client: Default::default(),
         }
     }
 }
@@ -193,6 +200,12 @@ pub(super) struct BucketMetrics {
     pub(super) displaced_worker: Counter,
     /// Rejections by controlled delay (always worker-scoped), when it is on.
     pub(super) shed_worker: Counter,
+    /// Rejections for a shutdown or too many body reads, possible with any
+    /// configuration,
+    /// registered at the first; `None` when the bucket records nothing.
+    pub(super) rare: Option<Rare>,
+    /// Refusals of a tenant over its limit, when tenants are limited.
+    pub(super) rejected_tenant: Counter,
     /// Whether the rejection series carry a `reason` label.
     pub(super) reasons: bool,
     pub(super) cancelled: Counter,
@@ -233,11 +246,57 @@ pub(super) struct Written {
     /// Queued requests and tally of each band, lowest first; grown to the
     /// configured bands at the first write.
     pub(super) bands: Vec<(Option<usize>, Option<BandTally>)>,
+    /// The counters of [`Rare`], in its order (0: never written).
+    pub(super) rare: [u64; RARE.len()],
+}
+
+/// Reads one count of a tally.
+type CountOf = fn(&Tally) -> u64;
+
+/// The reasons of rejection possible whatever the configuration, and
+/// rare (the gate shut down; a request turned away in front of it), with
+/// their tally: always worker-scoped.
+const RARE: [(&str, CountOf); 2] = [
+    ("shutdown", |tally| tally.shutdown_worker),
+    ("body_reads", |tally| tally.body_reads_worker),
+];
+
+/// The `rejection_total` series of the [`RARE`] reasons (the server
+/// shutting down, too many bodies being read). Each is registered at the
+/// first such rejection, not with the bucket: most servers never see one,
+/// and a series at 0 for each would crowd every exposition. They always
+/// carry a `reason` label (whether or not the other rejection series do),
+/// so that they never add to the series of a full queue.
+pub(super) struct Rare {
+    name: String,
+    dp_rank: String,
+    counters: [OnceLock<Counter>; RARE.len()],
+}
+
+impl Rare {
+    /// Sets each counter from `tally` where it grew past `written`
+    /// (`every`: where it is not 0), registering it first if need be.
+    fn set(&self, tally: &Tally, written: &mut [u64; RARE.len()], every: bool) {
+        for (at, (reason, count)) in RARE.iter().enumerate() {
+            let value = count(tally);
+            if value == 0 || (!every && value <= written[at]) {
+                continue;
+            }
+            let counter = self.counters[at].get_or_init(|| {
+                let register = || {
+                    metrics::counter!(self.name.clone(), "dp_rank" => self.dp_rank.clone(), "scope" => "worker", "reason" => *reason)
+                };
+                catch_unwind(AssertUnwindSafe(register)).unwrap_or_else(|_| Counter::noop())
+            });
+            contain(|| counter.absolute(value));
+            written[at] = written[at].max(value);
+        }
+    }
 }
 
 /// How many counters a bucket has (each scope and reason of rejection
 /// one, with reasons off some are always 0).
-pub(super) const COUNTERS: usize = 11;
+pub(super) const COUNTERS: usize = 12;
 
 impl BucketMetrics {
     /// Registers the series of one `dp_rank` value with the current
@@ -267,6 +326,8 @@ impl BucketMetrics {
             displaced_rank: Counter::noop(),
             displaced_worker: Counter::noop(),
             shed_worker: Counter::noop(),
+            rare: None,
+            rejected_tenant: Counter::noop(),
             reasons: false,
             cancelled: Counter::noop(),
             queue_wait: Histogram::noop(),
@@ -342,6 +403,15 @@ impl BucketMetrics {
                 true => because("worker", "queue_delay"),
                 false => Counter::noop(),
             },
+            rare: Some(Rare {
+                name: names.rejection_total.clone(),
+                dp_rank: dp_rank.clone(),
+                counters: Default::default(),
+            }),
+            rejected_tenant: match shape.tenants {
+                true => because("tenant", "tenant_limit"),
+                false => Counter::noop(),
+            },
             reasons,
             cancelled: counter(&names.cancellation_total),
             queue_wait: histogram(&names.request_queue_wait_seconds),
@@ -366,16 +436,20 @@ impl BucketMetrics {
 
     /// Each counter with its value from `tally`, in a fixed order.
     pub(super) fn counters(&self, tally: &Tally) -> [(&Counter, u64); COUNTERS] {
+        // Shutdowns and body reads have series of their own ([`Rare`]),
+        // whatever the configuration.
+        let rare: u64 = RARE.iter().map(|(_, count)| count(tally)).sum();
         let (rejected_rank, rejected_worker) = if self.reasons {
             (
                 tally.rejected_rank - tally.expired_rank - tally.displaced_rank,
                 tally.rejected_worker
                     - tally.expired_worker
                     - tally.displaced_worker
-                    - tally.shed_worker,
+                    - tally.shed_worker
+                    - rare,
             )
         } else {
-            (tally.rejected_rank, tally.rejected_worker)
+            (tally.rejected_rank, tally.rejected_worker - rare)
         };
         [
             (&self.received, tally.received),
@@ -388,6 +462,7 @@ impl BucketMetrics {
             (&self.displaced_rank, tally.displaced_rank),
             (&self.displaced_worker, tally.displaced_worker),
             (&self.shed_worker, tally.shed_worker),
+            (&self.rejected_tenant, tally.rejected_tenant),
             (&self.cancelled, tally.cancelled),
         ]
     }
@@ -461,6 +536,9 @@ impl BucketMetrics {
                 values[at] = last.map_or(value, |last| last[at].max(value));
             }
             written.counters = Some(values);
+            if let Some(rare) = &self.rare {
+                rare.set(&view.tally, &mut written.rare, every);
+            }
         }
         let bands = self.bands.iter().zip(view.bands.iter().flatten());
         for ((metrics, band), (queued, band_tally)) in bands.zip(&mut written.bands) {

@@ -3,14 +3,16 @@
 
 use metrics::Unit;
 
-/// Which families are described: always, with a token limit set, or
-/// with priority bands configured.
+/// Which families are described: always, with a token limit set, with
+/// priority bands configured, with the saturation gauge on; the client's
+/// view (recorded by the HTTP layer) always.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Group {
     Base,
     Tokens,
     Priorities,
     Saturation,
+    Client,
 }
 
 /// Declares every metric family once: the group it is described with,
@@ -74,6 +76,11 @@ families! {
     Priorities gauge request_queue_by_priority_count: Count, "Requests waiting in the gate's queue, by the configured priority band they arrived in.";
     Priorities counter request_admit_by_priority_total: Count, "Requests admitted to the engine (either source), by the configured priority band they arrived in.";
     Priorities counter rejection_by_priority_total: Count, "Requests rejected as overload (any scope and reason), by the configured priority band they arrived in.";
+    Client histogram client_time_to_first_token_seconds: Seconds, "Time from a request's arrival at the HTTP layer (its queue wait included) to the first content token of its response, or to the end of a response that ended without one.";
+    Client histogram client_inter_token_latency_seconds: Seconds, "Time between successive content chunks of a response, after its first token, as the HTTP layer passes them on.";
+    Client histogram client_request_duration_seconds: Seconds, "Time from a request's arrival at the HTTP layer to the end of its response (or its drop), for admitted requests.";
+    Client counter goodput_requests_total: Count, "Admitted requests whose response ended, without a server error, within every objective: time to first token, inter-token gap, the request's own deadline.";
+    Client counter finished_requests_total: Count, "Admitted requests whose response ended: completed, failed or cut off.";
     Saturation gauge saturation: Count, "Demand over what the gate can hold in the engine and its queue, 0 (idle) to 1 (the next request is rejected); a rank's is the larger of its own and the worker's; dp_rank=unspecified is the whole worker.";
 }
 
@@ -92,5 +99,9 @@ impl Names {
 
     pub(super) fn describe_saturation(&self) {
         self.describe_group(Group::Saturation);
+    }
+
+    pub(super) fn describe_client(&self) {
+        self.describe_group(Group::Client);
     }
 }

@@ -1,4 +1,4 @@
-//! Metrics of the gate (SPEC §6), through the [`metrics`] facade, so any
+//! Metrics of the gate (behaviour §6), through the [`metrics`] facade, so any
 //! exporter works (Prometheus first).
 //!
 //! Every name is `<prefix>_<suffix>`; the prefix is
@@ -16,7 +16,7 @@
 //! | `request_queue_count` | gauge | | requests waiting in the gate's queue |
 //! | `request_receive_total` | counter | | requests received |
 //! | `request_admit_total` | counter | `source` = `direct` \| `queue` | requests admitted |
-//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured; \| `queue_delay`, worker scope only, with a queue delay target) | requests rejected |
+//! | `rejection_total` | counter | `scope` = `rank` \| `worker` (and `reason` = `queue_full` \| `deadline` \| `displaced` when deadlines are on or priority bands are configured; \| `queue_delay`, worker scope only, with a queue delay target; `reason` = `shutdown` \| `body_reads`, worker scope only, always, from the first such rejection on) | requests rejected |
 //! | `cancellation_total` | counter | | requests cancelled while queued |
 //! | `engine_request_limit` | gauge | | the engine request limit |
 //! | `engine_request_waiting_limit` | gauge | | the engine request waiting limit |
@@ -27,7 +27,7 @@
 //!
 //! With [`AdmissionConfig::saturation_metric`](crate::AdmissionConfig::saturation_metric)
 //! one more gauge, per `dp_rank`, is the single signal for routers and
-//! autoscalers (off by default, so that the default series are SPEC §6's):
+//! autoscalers (off by default, so that the default series are behaviour §6's):
 //!
 //! | suffix | type | meaning |
 //! |---|---|---|
@@ -64,12 +64,13 @@
 //! | `engine_token_limit`, `engine_waiting_token_limit`, `request_queue_token_limit` | the token limits that are set (combined for `unspecified`) |
 //!
 //! With [`AdmissionConfig::priority_bands`](crate::AdmissionConfig::priority_bands)
-//! configured (SPEC §8), three more series carry a `priority` label: the
+//! configured (behaviour §8), three more series carry a `priority` label: the
 //! configured band a request arrived in (`"0"`, `"10"`, …; a request of
 //! priority 3 with bands 0 and 10 counts under `"0"`), so the label has one
 //! value per configured band and no more. Without configured bands every
 //! priority would be a band of its own, an unbounded label: then these
-//! series do not exist. No series ever carries a tenant (unbounded too).
+//! series do not exist. No series carries a tenant the configuration does
+//! not name (unbounded too).
 //!
 //! | suffix | type | labels | meaning |
 //! |---|---|---|---|
@@ -82,9 +83,65 @@
 //! that ages into a higher band (an aging interval is set) still counts
 //! under the band it arrived in.
 //!
+//! # The client's view
+//!
+//! The HTTP layer ([`AdmissionLayer`](crate::http::AdmissionLayer), so the
+//! sidecar too) measures each request it admits as its client feels it,
+//! from the moment the layer is called (the queue wait included) to the
+//! end of its response, on the gate's clock
+//! ([`AdmissionConfig::clock`](crate::AdmissionConfig::clock)). Its series
+//! are registered with the gate's when a layer is made for the gate
+//! ([`AdmissionLayer::new`](crate::http::AdmissionLayer::new)), with the
+//! recorder in use then (a gate still waiting for its recorder registers
+//! them with the one it finds), and recorded only while the gate's metrics
+//! are. They carry no `dp_rank` (they are the worker's), and two labels
+//! the configuration bounds: `priority`, the configured band the request
+//! arrived in (only with configured bands), and `tenant_class`, the
+//! request's tenant when a [tenant weight](crate::AdmissionConfig::tenant_weight)
+//! or [per-tenant limits](crate::AdmissionConfig::tenant_limits) name it,
+//! `other` for any other tenant and for none. A family has `bands ×
+//! (named tenants + 1)` series (one band without bands), whatever tenants
+//! clients send.
+//!
+//! | suffix | type | meaning |
+//! |---|---|---|
+//! | `client_time_to_first_token_seconds` | histogram | arrival to the data frame with the first generated token (as the detector sees it; after [`FirstToken::mark`](crate::http::FirstToken::mark), the first non-empty frame), or to the end of a response completed without one |
+//! | `client_inter_token_latency_seconds` | histogram | the gap before each content chunk after the first token (every non-empty data frame from then on is one) |
+//! | `client_request_duration_seconds` | histogram | arrival to the end of the response: completed, failed or dropped |
+//! | `finished_requests_total` | counter | admitted requests whose response ended, however it ended |
+//! | `goodput_requests_total` | counter | finished requests that met every objective |
+//!
+//! A request met its objectives when its response completed (no body
+//! error, not dropped before its end) with a status below 500, its time to
+//! first token is at most
+//! [`ttft_objective`](crate::AdmissionConfig::ttft_objective), the largest
+//! gap between its content chunks at most
+//! [`inter_token_objective`](crate::AdmissionConfig::inter_token_objective),
+//! and its duration at most its own
+//! [deadline](crate::Descriptor::deadline); an objective not set is met.
+//! Requests the gate rejected or that were cancelled while queued never
+//! started, and count in neither counter. Each content chunk costs one
+//! clock read and one histogram record; nothing is allocated per chunk.
+//! Unlike the gate's counters, which are set from its tallies, these two
+//! are incremented, once per request, when its response ends; a request
+//! arriving before a late recorder was found (see below) is not measured.
+//!
 //! After settling, `request_receive_total` = `request_admit_total` (both
 //! sources) + `rejection_total` (both scopes) + `cancellation_total`, per
 //! `dp_rank` while the ranks do not change.
+//!
+//! Two reasons of rejection are possible whatever the configuration, and
+//! rare: `shutdown` (the gate was [shut down](crate::Gate::shut_down): the
+//! requests queued then and those arriving after) and `body_reads` (a
+//! request turned away in front of the gate by
+//! [`OpenAiCostLayer`](crate::http::OpenAiCostLayer), counted with
+//! [`Gate::reject`](crate::Gate::reject) under `dp_rank="unspecified"`).
+//! Their `rejection_total` series always carry `scope="worker"` and their
+//! `reason`, whether or not the other series do, and never add to the
+//! series without a reason. Rather than a series at 0 in every exposition,
+//! each is registered at its first rejection, with the recorder in use
+//! then (a server's global recorder; a test's local recorder must be in
+//! use at the event, not only when the gate was built).
 //!
 //! The three limit gauges show the configured per-rank limits under each
 //! rank's `dp_rank`. Under `dp_rank="unspecified"` they show the combined
@@ -209,10 +266,12 @@ const NO_LIMITS: Limits = Limits {
 };
 
 mod bucket;
+pub(crate) mod client;
 mod families;
 mod ranks;
 
 use self::bucket::{BucketMetrics, Shape};
+use self::client::{ClientConfig, ClientSeries};
 use self::families::Names;
 use self::ranks::RankTable;
 
@@ -230,16 +289,26 @@ pub(crate) struct Recorder {
     /// Whether the gate was built with no recorder installed and none has
     /// appeared since: until one does, each event looks for it.
     looking: AtomicBool,
+    /// What the HTTP layer measures requests against.
+    client: ClientConfig,
+    /// Whether an HTTP layer admits through the gate: then the client's
+    /// view is registered with the gate's other series.
+    client_wanted: AtomicBool,
 }
 
 /// One registration of the gate's series, with one recorder.
 struct Series {
     unranked: BucketMetrics,
     ranks: RankTable,
+    /// The client's view, registered once an HTTP layer admits through
+    /// the gate (see [`Recorder::want_client`]).
+    client: OnceLock<ClientSeries>,
 }
 
 impl Series {
-    fn register(names: &Names, shape: &Shape) -> Self {
+    /// Registers the gate's series, and the client's view with them when
+    /// `client` (an HTTP layer admits through the gate).
+    fn register(names: &Names, shape: &Shape, client: bool) -> Self {
         contain(|| {
             names.describe();
             if shape.token_limits.is_some() {
@@ -252,10 +321,24 @@ impl Series {
                 names.describe_saturation();
             }
         });
-        Series {
+        let series = Series {
             unranked: BucketMetrics::register(names, shape, None),
             ranks: RankTable::new(),
+            client: OnceLock::new(),
+        };
+        if client {
+            series.client(names, shape);
         }
+        series
+    }
+
+    /// The client's view, registered with the current recorder the first
+    /// time.
+    fn client(&self, names: &Names, shape: &Shape) -> &ClientSeries {
+        self.client.get_or_init(|| {
+            contain(|| names.describe_client());
+            ClientSeries::register(names, &shape.client)
+        })
     }
 }
 
@@ -288,9 +371,11 @@ impl Observer for Recorder {
         let names = Names::new(prefix);
         let shape = Shape::of(config);
         Recorder {
-            built: Series::register(&names, &shape),
+            built: Series::register(&names, &shape, false),
             looking: AtomicBool::new(!recorder_installed()),
             late: OnceLock::new(),
+            client: ClientConfig::of(config),
+            client_wanted: AtomicBool::new(false),
             names,
             shape,
         }
@@ -397,7 +482,8 @@ impl Recorder {
                 "a metrics recorder was installed after the admission gate was built: \
                  registering the gate's series with it now"
             );
-            Series::register(&self.names, &self.shape)
+            let client = self.client_wanted.load(Ordering::Relaxed);
+            Series::register(&self.names, &self.shape, client)
         });
         self.looking.store(false, Ordering::Relaxed);
         (late, registered)

@@ -2,7 +2,7 @@ use super::super::media_type::tests::head;
 use super::*;
 
 fn detector_for(content_type: Option<&str>) -> Auto {
-    let mut detector = Auto::new();
+    let mut detector = Auto::default();
     detector.on_response(&head(content_type));
     detector
 }
@@ -53,14 +53,14 @@ fn anything_else_ends_waiting_at_the_first_non_empty_frame() {
 
 #[test]
 fn the_sse_detector_is_configurable() {
-    let mut detector = Auto::new().sse(OpenAiSse::new().max_event_bytes(4));
+    let mut detector = Auto::default().sse(OpenAiSse::default().max_event_bytes(4));
     detector.on_response(&head(Some("text/event-stream")));
     assert_eq!(detector.on_data(b"data: 12345"), Some(11));
 }
 
 #[test]
 fn each_response_starts_afresh() {
-    let configured = Auto::new();
+    let configured = Auto::default();
     let mut first = configured.clone();
     first.on_response(&head(Some("text/event-stream")));
     assert_eq!(

@@ -22,7 +22,7 @@ fn messages(lens: &[u32]) -> Vec<u8> {
 #[track_caller]
 fn decide_any_split(stream: &[u8]) -> Option<usize> {
     let decide = |frames: &mut dyn Iterator<Item = &[u8]>| {
-        let mut detector = Grpc::new();
+        let mut detector = Grpc::default();
         let mut before = 0;
         for frame in frames {
             if let Some(n) = detector.on_data(frame) {
@@ -67,7 +67,7 @@ fn a_compressed_message_counts_like_any_other() {
 
 #[test]
 fn a_large_message_is_counted_not_buffered() {
-    let mut detector = Grpc::new();
+    let mut detector = Grpc::default();
     let len = u32::MAX;
     let mut header = vec![0];
     header.extend_from_slice(&len.to_be_bytes());
@@ -82,7 +82,7 @@ fn a_large_message_is_counted_not_buffered() {
 
 #[test]
 fn nothing_more_is_reported_once_waiting_has_ended() {
-    let mut detector = Grpc::new();
+    let mut detector = Grpc::default();
     assert_eq!(detector.on_data(&message(1)), Some(6));
     assert_eq!(detector.on_data(&message(1)), None);
 }
@@ -94,7 +94,7 @@ fn a_response_of_another_content_type_ends_waiting_at_its_first_byte() {
         "application/grpc-web-text",
         "application/grpcx",
     ] {
-        let mut detector = Grpc::new();
+        let mut detector = Grpc::default();
         detector.on_response(&head(Some(content_type)));
         assert_eq!(detector.on_data(b""), None);
         assert_eq!(detector.on_data(b"AAAAAAE="), Some(1), "{content_type}");
@@ -109,7 +109,7 @@ fn grpc_content_types_are_read_as_messages() {
         Some("Application/gRPC-Web+proto; charset=x"),
         None,
     ] {
-        let mut detector = Grpc::new();
+        let mut detector = Grpc::default();
         detector.on_response(&head(content_type));
         assert_eq!(detector.on_data(&message(2)[..6]), None, "{content_type:?}");
     }

@@ -24,7 +24,7 @@ use super::buckets::{BucketKey, Held};
 use super::budget::moving_average;
 use super::{Grant, State};
 use crate::gate::types::{
-    AdmitSource, BandTally, Cost, Counts, Overloaded, RejectionReason, RejectionScope,
+    AdmitSource, BandTally, Cost, Counts, Overloaded, RejectionReason, RejectionScope, Tenant,
 };
 
 /// What one request needs: one engine request slot and one waiting slot
@@ -202,6 +202,7 @@ impl<T> State<T> {
             holds_request: true,
             holds_waiting: true,
             in_lane: false,
+            tenant: None,
         }
     }
 
@@ -229,6 +230,11 @@ impl<T> State<T> {
         }
         let key = self.current_bucket(grant.held);
         let demand = grant.demand;
+        if request {
+            if let Some(tenant) = grant.tenant {
+                self.tenant_release(tenant, demand);
+            }
+        }
         for counts in self.total_and(key) {
             if waiting {
                 counts.engine_waiting -= 1;
@@ -244,11 +250,54 @@ impl<T> State<T> {
         self.dequeue(now);
     }
 
-    /// Takes a request of `demand` off `key`'s queue counts.
-    pub(super) fn unqueue(&mut self, key: BucketKey, demand: Demand) {
+    /// Takes a request of `demand` and `tenant` off `key`'s queue counts;
+    /// `served_at`: it was admitted then.
+    pub(super) fn unqueue(
+        &mut self,
+        key: BucketKey,
+        demand: Demand,
+        tenant: Option<Tenant>,
+        served_at: Option<Instant>,
+    ) {
+        self.tenant_unqueue(tenant, served_at);
         for counts in self.total_and(key) {
             counts.queued -= 1;
             counts.queued_tokens = counts.queued_tokens.saturating_sub(demand.prompt_tokens);
+        }
+    }
+
+    /// A request turned away before it reached the gate (the server shuts
+    /// down; too many bodies are being read): it counts as an unranked
+    /// arrival of priority 0, rejected at once for `reason`, so that every
+    /// overload answer is in the tallies and `received` still sums them.
+    pub(crate) fn reject_unseen(&mut self, reason: RejectionReason) -> Overloaded {
+        let bucket = BucketKey::Unranked;
+        self.bucket_mut(bucket).tally.received += 1;
+        let rung = self.ladder.rung(0);
+        let overloaded = self.reject(bucket, rung, reason, false);
+        // The queue's drain rate says nothing of when this one will pass.
+        Overloaded {
+            retry_after: None,
+            ..overloaded
+        }
+    }
+
+    /// The server shuts down: every queued request is rejected
+    /// ([`Shutdown`](RejectionReason::Shutdown); its waiter hears of it
+    /// when the driver drains), and so is every arrival from now on. The
+    /// lane never opens again. Admitted requests keep their capacity and
+    /// release it as usual.
+    pub(crate) fn shut_down(&mut self) {
+        self.closed = true;
+        self.lane_allowed = false;
+        let queued: Vec<_> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| matches!(entry.status, super::Status::Queued))
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in queued {
+            self.turn_away(slot, RejectionReason::Shutdown);
         }
     }
 
@@ -263,16 +312,22 @@ impl<T> State<T> {
     ) -> Overloaded {
         self.count_band(bucket, rung, |band| band.rejected += 1);
         let scope = match reason {
-            // A standing queue is the worker's, whatever its rank.
-            RejectionReason::QueueDelay => RejectionScope::Worker,
+            // The worker has room for other tenants.
+            RejectionReason::TenantLimit => RejectionScope::Tenant,
+            // A standing queue, a shutdown, a flood of bodies: the worker's,
+            // whatever the rank.
+            reason if reason.is_worker_wide() => RejectionScope::Worker,
             _ => self.rejection_scope(bucket),
         };
         let expired = u64::from(reason == RejectionReason::Deadline);
         let displaced = u64::from(reason == RejectionReason::Displaced);
         let shed = u64::from(reason == RejectionReason::QueueDelay);
+        let shutdown = u64::from(reason == RejectionReason::Shutdown);
+        let body_reads = u64::from(reason == RejectionReason::BodyReads);
         let retry_after = match scope {
             RejectionScope::Worker => self.drain_estimate(),
-            RejectionScope::Rank(_) => None,
+            // A tenant's own drain: see `reject_tenant`.
+            RejectionScope::Rank(_) | RejectionScope::Tenant => None,
         };
         let tally = &mut self.bucket_mut(bucket).tally;
         match scope {
@@ -286,7 +341,10 @@ impl<T> State<T> {
                 tally.expired_worker += expired;
                 tally.displaced_worker += displaced;
                 tally.shed_worker += shed;
+                tally.shutdown_worker += shutdown;
+                tally.body_reads_worker += body_reads;
             }
+            RejectionScope::Tenant => tally.rejected_tenant += 1,
         }
         Overloaded {
             scope,

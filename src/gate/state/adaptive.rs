@@ -191,7 +191,7 @@ mod tests {
     }
 
     fn params() -> AdaptiveWaitingLimit {
-        AdaptiveWaitingLimit::new()
+        AdaptiveWaitingLimit::default()
     }
 
     fn assert_baseline(adaptive: &Adaptive, seconds: f64) {

@@ -39,7 +39,7 @@ proptest! {
         floor in 1usize..4,
         events in proptest::collection::vec(event(), 1..300),
     ) {
-        let params = AdaptiveWaitingLimit::new()
+        let params = AdaptiveWaitingLimit::default()
             .floor(floor)
             .interval(Duration::from_millis(50))
             .probe_interval(Duration::from_millis(700))

@@ -17,7 +17,7 @@ use super::State;
 use super::accounting::Demand;
 use super::buckets::{BucketKey, Held};
 use super::outside::Slots;
-use crate::gate::types::{AdmitSource, Overloaded};
+use crate::gate::types::{AdmitSource, Overloaded, Tenant};
 
 /// Identifies a queued request while it waits: its slot in the entry slab
 /// and its arrival number. The arrival number is the slot's generation: a
@@ -45,6 +45,8 @@ pub(crate) struct Grant {
     /// Whether the driver's lock-free lane holds its capacity, not the
     /// state (see [`outside`](super::outside)).
     pub(super) in_lane: bool,
+    /// The request's tenant, when it is limited: what it releases for.
+    pub(super) tenant: Option<Tenant>,
 }
 
 impl Grant {
@@ -63,6 +65,7 @@ impl Grant {
             holds_request: true,
             holds_waiting: true,
             in_lane: true,
+            tenant: None,
         }
     }
 

@@ -1,4 +1,4 @@
-//! The sans-IO admission state machine (SPEC §2, §3, §5 capacity changes,
+//! The sans-IO admission state machine (behaviour §2, §3, §5 capacity changes,
 //! §7 token budgets).
 //!
 //! `State` knows nothing of futures, locks, clocks or HTTP. It takes events —
@@ -51,7 +51,7 @@
 //! its tokens where token limits are set ([`Demand`]); a token budget that
 //! holds nothing takes any request, so a request larger than a whole budget
 //! runs alone. Each bucket's [`Queue`](queue::Queue) orders its requests by class of
-//! service (SPEC §8: bands, tenants' fair shares, aging); with the default
+//! service (behaviour §8: bands, tenants' fair shares, aging); with the default
 //! class — one band, no tenant — it is FIFO by arrival.
 
 use std::collections::HashMap;
@@ -72,17 +72,19 @@ mod decision;
 mod outside;
 mod queue;
 mod saturation;
+mod tenants;
 mod view;
 
 pub(crate) use self::accounting::Demand;
 use self::buckets::{Bucket, BucketKey, Buckets};
 pub(crate) use self::decision::{Arrival, Expiry, Grant, Polled, Ticket};
 pub(crate) use self::outside::Slots;
+use self::tenants::Tenants;
 
 /// A position in the entry slab; queues link entries by slot.
 type Slot = usize;
 
-/// A request's class of service (SPEC §8): its priority and tenant; the
+/// A request's class of service (behaviour §8): its priority and tenant; the
 /// unit tests' shorthand (the state itself reads both from the request's
 /// [`Descriptor`]).
 #[cfg(test)]
@@ -170,8 +172,13 @@ pub(crate) struct State<T> {
     /// in `total` and the unranked bucket); see [`outside`].
     outside: Slots,
     /// Whether the configuration lets the lane admit ([`outside`]),
-    /// decided once.
+    /// decided once (and never again once shut down).
     lane_allowed: bool,
+    /// Shut down: every arrival is rejected ([`State::shut_down`]).
+    closed: bool,
+    /// Per-tenant limits and what limited tenants hold; `None` unless
+    /// some tenant is limited.
+    tenants: Option<Box<Tenants>>,
 }
 
 impl<T> State<T> {
@@ -203,7 +210,10 @@ impl<T> State<T> {
             adaptive: None,
             outside: Slots::default(),
             lane_allowed: false,
+            closed: false,
+            tenants: None,
         };
+        state.tenants = Tenants::of(&state.config);
         state.codel = state
             .config
             .queue_delay_target
@@ -263,17 +273,24 @@ impl<T> State<T> {
         }
         self.bucket_mut(bucket).tally.received += 1;
         let rung = self.ladder.rung(descriptor.priority);
+        if self.closed {
+            return Arrival::Rejected(self.reject(bucket, rung, RejectionReason::Shutdown, false));
+        }
         let tenant = descriptor.tenant;
         // Whether it fits first: when it does not (the engine is full, the
         // usual case while requests queue), where it would stand in service
         // order does not matter and is not looked for.
-        let fits = self.engine_fits(bucket, demand);
+        let fits = self.engine_fits(bucket, demand) && self.tenant_engine_fits(tenant, demand);
         let queue = &mut self.buckets.get_mut(bucket).queue;
         if fits && (queue.is_empty() || queue.would_lead(&self.ladder, now, rung, tenant)) {
-            let grant = self.charge(bucket, demand, AdmitSource::Direct, now);
+            let mut grant = self.charge(bucket, demand, AdmitSource::Direct, now);
+            grant.tenant = self.tenant_charge(tenant, demand);
             self.bucket_mut(bucket).tally.admitted_direct += 1;
             self.count_band(bucket, rung, |band| band.admitted += 1);
             return Arrival::Admitted(grant);
+        }
+        if !self.tenant_queue_fits(tenant) {
+            return Arrival::Rejected(self.reject_tenant(bucket, rung, tenant));
         }
         let victims = if self.queue_fits(bucket, demand) {
             Vec::new()
@@ -312,8 +329,10 @@ impl<T> State<T> {
         let expires_at = budget.and_then(|(budget, _)| at?.checked_add(budget));
         let client = budget.is_some_and(|(_, client)| client);
         let ticket = self.enqueue(bucket, demand, client, (rung, tenant), payload, now);
-        if displaced || self.ladder.ages() {
-            // A displaced head uncovers the next, and aging reorders heads.
+        if displaced || self.ladder.ages() || self.tenants.is_some() {
+            // A displaced head uncovers the next, aging reorders heads, and
+            // a newcomer whose tenant is at its engine limit is parked at
+            // once, not left to hold up the tenants behind it.
             self.dequeue(now);
         }
         Arrival::Queued(ticket, expires_at)
@@ -347,9 +366,10 @@ impl<T> State<T> {
         let key = self.entries[slot].bucket;
         let demand = self.entries[slot].demand;
         let rung = self.entries[slot].node.rung;
+        let tenant = self.entries[slot].node.tenant;
         let (queue, entries) = self.queue_and_entries(key);
         queue.remove(entries, slot, false);
-        self.unqueue(key, demand);
+        self.unqueue(key, demand, tenant, None);
         let overloaded = self.reject(key, rung, reason, false);
         self.entries[slot].status = Status::Displaced(overloaded);
         self.offered.push(slot);
@@ -368,11 +388,11 @@ impl<T> State<T> {
             return Expiry::Decided;
         }
         let (bucket, demand, client) = (entry.bucket, entry.demand, entry.client_deadline);
-        let rung = entry.node.rung;
+        let (rung, tenant) = (entry.node.rung, entry.node.tenant);
         let (queue, entries) = self.queue_and_entries(bucket);
         queue.remove(entries, ticket.slot, false);
         self.entries.remove(ticket.slot);
-        self.unqueue(bucket, demand);
+        self.unqueue(bucket, demand, tenant, None);
         self.shrink_if_idle();
         let overloaded = self.reject(bucket, rung, RejectionReason::Deadline, client);
         // A head that leaves uncovers the next, which may fit.
@@ -437,7 +457,7 @@ impl<T> State<T> {
         let entry = self.entries.remove(ticket.slot);
         match entry.status {
             Status::Queued => {
-                self.unqueue(entry.bucket, entry.demand);
+                self.unqueue(entry.bucket, entry.demand, entry.node.tenant, None);
                 self.bucket_mut(entry.bucket).tally.cancelled += 1;
                 // A queue head that leaves uncovers the next, which may be
                 // smaller and fit where the head did not.
@@ -508,6 +528,7 @@ impl<T> State<T> {
             self.retire_rank(rank as u32);
         }
         self.active_ranks = ranks;
+        self.unpark_all();
         self.dequeue(now);
         true
     }
@@ -590,6 +611,7 @@ impl<T> State<T> {
         });
         let (queue, entries) = self.queue_and_entries(key);
         queue.push(entries, slot);
+        self.tenant_enqueue(tenant, now);
         for counts in self.total_and(key) {
             counts.queued += 1;
             counts.queued_tokens = counts.queued_tokens.saturating_add(demand.prompt_tokens);
@@ -619,8 +641,7 @@ impl<T> State<T> {
             let keys = std::iter::once(BucketKey::Unranked)
                 .chain((0..self.recognised_ranks() as u32).map(BucketKey::Rank));
             for key in keys {
-                let bucket = self.buckets.get_mut(key);
-                let Some(head) = bucket.queue.head(&self.entries, &self.ladder, now) else {
+                let Some(head) = self.eligible_head(key, now) else {
                     continue;
                 };
                 if first.is_none_or(|first| head.before(&first))
@@ -634,16 +655,37 @@ impl<T> State<T> {
         }
     }
 
+    /// The first request of `key`'s queue in service order whose tenant
+    /// has room: the flows of tenants at their engine limits are parked on
+    /// the way (without tenant limits, the queue's head).
+    #[inline]
+    fn eligible_head(&mut self, key: BucketKey, now: Option<Instant>) -> Option<queue::Head> {
+        loop {
+            let bucket = self.buckets.get_mut(key);
+            let head = bucket.queue.head(&self.entries, &self.ladder, now)?;
+            if self.tenants.is_none() {
+                return Some(head);
+            }
+            let entry = &self.entries[head.slot];
+            if self.tenant_engine_fits(entry.node.tenant, entry.demand) {
+                return Some(head);
+            }
+            self.park(key, head.slot);
+        }
+    }
+
     fn offer(&mut self, slot: Slot, now: Option<Instant>) {
         let key = self.entries[slot].bucket;
         let (queue, entries) = self.queue_and_entries(key);
         queue.remove(entries, slot, true);
         let demand = self.entries[slot].demand;
-        self.unqueue(key, demand);
+        let tenant = self.entries[slot].node.tenant;
+        self.unqueue(key, demand, tenant, now);
         if let Some(now) = now {
             self.bucket_mut(key).drained_at(now);
         }
-        let grant = self.charge(key, demand, AdmitSource::Queue, now);
+        let mut grant = self.charge(key, demand, AdmitSource::Queue, now);
+        grant.tenant = self.tenant_charge(tenant, demand);
         self.entries[slot].status = Status::Offered(grant);
         self.offered.push(slot);
     }
@@ -651,9 +693,12 @@ impl<T> State<T> {
     /// Gives back the slab's memory once nothing waits, so a burst of queued
     /// (or cancelled) requests does not pin its peak size for ever.
     fn shrink_if_idle(&mut self) {
-        const KEEP: usize = 64;
-        if self.entries.is_empty() && self.entries.capacity() > KEEP {
-            self.entries = Slab::with_capacity(KEEP);
+        // Room for reuse is kept by size, not by count: 14 KiB, about 60
+        // entries.
+        const KEEP_BYTES: usize = 14 * 1024;
+        let keep = KEEP_BYTES / std::mem::size_of::<Entry<T>>().max(1);
+        if self.entries.is_empty() && self.entries.capacity() > keep {
+            self.entries = Slab::with_capacity(keep);
         }
     }
 }
@@ -667,6 +712,10 @@ mod qos_model_tests;
 #[cfg(test)]
 mod qos_tests;
 #[cfg(test)]
+mod shutdown_tests;
+#[cfg(test)]
 mod slot_tests;
+#[cfg(test)]
+mod tenant_tests;
 #[cfg(test)]
 mod tests;

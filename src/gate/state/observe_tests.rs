@@ -1,4 +1,4 @@
-//! What the state hands observers about its queues (SPEC §8 metrics): the
+//! What the state hands observers about its queues (behaviour §8 metrics): the
 //! request queued longest in each bucket, and the per-band queue lengths
 //! and tallies kept only when priority bands are configured.
 

@@ -1,4 +1,4 @@
-//! The queue discipline of SPEC §8 against a reference model: random
+//! The queue discipline of behaviour §8 against a reference model: random
 //! event sequences (arrivals of every band and tenant, releases,
 //! cancellations, time passing) run through the state and through a model
 //! that finds the next request to serve by scanning every queued request;

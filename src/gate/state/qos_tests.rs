@@ -1,4 +1,4 @@
-//! The queue discipline of SPEC §8: examples of each rule (the reference
+//! The queue discipline of behaviour §8: examples of each rule (the reference
 //! model is in `qos_model_tests.rs`).
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The queue discipline of one bucket (SPEC §2, §8): strict priority
+//! The queue discipline of one bucket (behaviour §2, §8): strict priority
 //! between bands, weighted fair sharing between tenants inside a band, FIFO
 //! inside a tenant, and aging that lifts a band by the wait of its oldest
 //! request.
@@ -52,6 +52,17 @@
 //! band as it empties: at most `min(queued requests, distinct priorities)`
 //! bands, whatever the configuration; configured bands (`priority_bands`)
 //! cap it at their number.
+//!
+//! # Parked flows (per-tenant limits)
+//!
+//! A flow whose tenant is at its engine limit is *parked*
+//! ([`Queue::park`]): it leaves its band's heap of heads and its weight
+//! leaves the band's backlogged weight, so the band serves the other flows
+//! as if it had emptied, and a band of parked flows only is passed over.
+//! Its requests keep their order in it; it is unparked when its tenant
+//! has room again, or when its head leaves (it was parked for that head's
+//! demand), and comes back as a flow that became backlogged, starting no
+//! earlier than the band's clock. Without tenant limits nothing is parked.
 //!
 //! # Structure and costs
 //!
@@ -423,40 +434,54 @@ impl Queue {
         self.len += 1;
     }
 
-    /// The first request in service order at `now`.
+    /// The first request in service order at `now`, passing over parked
+    /// flows (and bands of parked flows only). O(log bands) unless bands
+    /// of parked flows lead.
     pub(crate) fn head(
         &mut self,
         nodes: &impl Nodes,
         ladder: &Ladder,
         now: Option<Instant>,
     ) -> Option<Head> {
-        let (rung, (key, _)) = self.leading_band(nodes, ladder, now)?;
-        let standing = self.standings.first()?.0;
-        let (slot, seq) = self.bands.get_mut(&key)?.first()?;
-        Some(Head {
-            slot,
-            rung,
-            seq,
-            standing,
-        })
+        for &(standing, _, key) in &self.standings {
+            let band = self.bands.get_mut(&key).expect("a standing names a band");
+            let Some((slot, seq)) = band.first() else {
+                // Every flow of the band is parked.
+                continue;
+            };
+            let oldest = band
+                .arrivals
+                .head()
+                .expect("a band in the map is not empty");
+            let rung = ladder.aged(key, nodes.node(oldest).queued_at, now);
+            return Some(Head {
+                slot,
+                rung,
+                seq,
+                standing,
+            });
+        }
+        None
     }
 
-    /// The band served first at `now`: its risen rung, and its key and the
-    /// arrival of its oldest request. O(log bands).
-    fn leading_band(
-        &self,
-        nodes: &impl Nodes,
-        ladder: &Ladder,
-        now: Option<Instant>,
-    ) -> Option<(i64, (i64, u64))> {
-        let &(_, seq, rung) = self.standings.first()?;
-        let band = &self.bands[&rung];
-        let oldest = band
-            .arrivals
-            .head()
-            .expect("a band in the map is not empty");
-        let risen = ladder.aged(rung, nodes.node(oldest).queued_at, now);
-        Some((risen, (rung, seq)))
+    /// Parks the flow of the queued request at `slot`: the queue passes
+    /// over it, and over its band if every flow there is parked, until
+    /// [`unpark`](Self::unpark) (its tenant is at its engine limit: it
+    /// waits without holding up other tenants, and its requests keep their
+    /// order).
+    pub(crate) fn park(&mut self, nodes: &impl Nodes, slot: Slot) {
+        let node = nodes.node(slot);
+        self.bands
+            .get_mut(&node.rung)
+            .expect("a queued request's band")
+            .park(node.flow_id);
+    }
+
+    /// Unparks every flow of `tenant`.
+    pub(crate) fn unpark(&mut self, tenant: Option<Tenant>) {
+        for band in self.bands.values_mut() {
+            band.unpark(tenant);
+        }
     }
 
     /// Whether a request arriving now at `rung` for `tenant` would be first
@@ -471,17 +496,27 @@ impl Queue {
         rung: i64,
         tenant: Option<Tenant>,
     ) -> bool {
-        let Some(&(standing, _, leading)) = self.standings.first() else {
-            return true;
-        };
-        if leading != rung {
+        // Bands of parked flows only are passed over, as by `head`.
+        for &(standing, _, leading) in &self.standings {
+            if leading == rung {
+                return self
+                    .bands
+                    .get_mut(&rung)
+                    .expect("a standing names a band")
+                    .would_lead(tenant);
+            }
+            if self
+                .bands
+                .get_mut(&leading)
+                .expect("a standing names a band")
+                .all_parked()
+            {
+                continue;
+            }
             // Its own band, if it has one, lost to the leading band already.
             return !self.bands.contains_key(&rung) && ladder.standing(rung, now) < standing;
         }
-        self.bands
-            .get_mut(&rung)
-            .expect("the leading band exists")
-            .would_lead(tenant)
+        true
     }
 
     /// Takes the request at `slot` out of the queue. `served`: it leaves

@@ -264,6 +264,7 @@ impl Model {
                 self.tally.rejected_worker += 1;
                 self.tally.expired_worker += u64::from(expired);
             }
+            RejectionScope::Tenant => unreachable!("the model limits no tenant"),
         }
         Decision::Rejected(scope)
     }

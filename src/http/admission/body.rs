@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::client::Measure;
 use super::first_token::Held;
 use crate::detect::{Auto, FirstTokenDetector};
 
@@ -31,6 +32,11 @@ pin_project! {
     /// after which it reports `is_end_stream`. A body dropped before any of
     /// these was cancelled (the client went away); the permit goes with it.
     ///
+    /// With feature `metrics`, it also measures the client's view of the
+    /// response (see the [`metrics`](crate::metrics) module): the first
+    /// content token, the gap before each later non-empty data frame, and
+    /// the end.
+    ///
     /// For a rejected request it is the overload answer's body.
     pub struct ResponseBody<B, D = Auto> {
         #[pin]
@@ -49,6 +55,9 @@ pin_project! {
             // `None` once the response ended (or for a request that
             // bypassed the gate).
             held: Option<Held>,
+            // The client's view, while metrics are recorded: ended with
+            // `held`, or counted cut off when dropped before.
+            measure: Measure,
         },
         Overloaded {
             // `None` once yielded.
@@ -60,7 +69,7 @@ pin_project! {
 impl<B, D> ResponseBody<B, D> {
     /// Wraps the body of an admitted response. The detector has seen the
     /// response head. `held` is `None` for a request that bypassed the gate.
-    pub(crate) fn admitted(body: B, held: Option<Held>, detector: D) -> Self
+    pub(crate) fn admitted(body: B, held: Option<Held>, mut measure: Measure, detector: D) -> Self
     where
         B: Body,
     {
@@ -71,13 +80,17 @@ impl<B, D> ResponseBody<B, D> {
                 let detector = (!held.waiting_over()).then_some(detector);
                 (Some(held), detector)
             }
-            _ => (None, None),
+            _ => {
+                measure.end(true);
+                (None, None)
+            }
         };
         ResponseBody {
             kind: Kind::Admitted {
                 body,
                 detector,
                 held,
+                measure,
             },
         }
     }
@@ -111,6 +124,7 @@ where
                 mut body,
                 detector,
                 held,
+                measure,
             } => {
                 let polled = body.as_mut().poll_frame(cx);
                 // A response that bypassed the gate or has ended passes
@@ -122,18 +136,27 @@ where
                 if let Poll::Ready(frame) = &polled {
                     let ended = match frame {
                         Some(Ok(frame)) => {
-                            // Once waiting is over the detector is gone.
-                            if detector.is_some() {
-                                if let Some(data) = frame.data_ref() {
+                            if let Some(data) = frame.data_ref() {
+                                // Once waiting is over the detector is gone.
+                                if detector.is_some() {
                                     watch(detector, holding, data);
+                                }
+                                // The client's view: every non-empty frame
+                                // from the first token on is a content chunk.
+                                if measure.is_on() && !data.is_empty() && holding.waiting_over() {
+                                    measure.chunk();
                                 }
                             }
                             frame.is_trailers() || body.is_end_stream()
                         }
-                        Some(Err(_)) | None => true,
+                        Some(Err(_)) => {
+                            measure.end(false);
+                            true
+                        }
+                        None => true,
                     };
                     if ended {
-                        end(detector, held);
+                        end(detector, held, measure);
                     }
                 }
                 polled
@@ -185,9 +208,12 @@ fn watch<D: FirstTokenDetector>(detector: &mut Option<D>, held: &mut Held, data:
 }
 
 /// The response ended: dropping the permit releases the request capacity
-/// and, for a response that ends without a token, the waiting capacity.
+/// and, for a response that ends without a token, the waiting capacity;
+/// the client's view records it completed, unless it was ended as failed
+/// already.
 #[inline(never)]
-fn end<D>(detector: &mut Option<D>, held: &mut Option<Held>) {
+fn end<D>(detector: &mut Option<D>, held: &mut Option<Held>, measure: &mut Measure) {
+    measure.end(true);
     *held = None;
     *detector = None;
 }

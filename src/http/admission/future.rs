@@ -15,6 +15,7 @@ use tower_service::Service;
 
 use super::ResponseBody;
 use super::admitted::admit;
+use super::client::{Arrival, Measure};
 use super::first_token::Held;
 use crate::detect::{Auto, FirstTokenDetector};
 use crate::gate::Acquire;
@@ -57,6 +58,7 @@ pin_project! {
             request: Option<Request<ReqBody>>,
             // `None` for a request that bypassed the gate.
             held: Option<Held>,
+            measure: Option<Measure>,
             detector: Option<D>,
         },
         // The inner service is answering.
@@ -64,6 +66,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             held: Option<Held>,
+            measure: Option<Measure>,
             detector: Option<D>,
         },
         // Rejected; answered when first polled.
@@ -80,6 +83,8 @@ pub(crate) struct Deferred<S, ReqBody, D> {
     pub(crate) request: Request<ReqBody>,
     pub(crate) detector: D,
     pub(crate) answer: OverloadResponder,
+    /// When it arrived, for the client's view.
+    pub(crate) arrival: Arrival,
 }
 
 impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
@@ -90,6 +95,7 @@ where
         service: S,
         request: Request<ReqBody>,
         held: Option<Held>,
+        measure: Measure,
         detector: D,
     ) -> Self {
         ResponseFuture {
@@ -97,6 +103,7 @@ where
                 service,
                 request: Some(request),
                 held,
+                measure: Some(measure),
                 detector: Some(detector),
             },
         }
@@ -169,6 +176,7 @@ where
                         mut request,
                         detector,
                         answer,
+                        arrival,
                     } = call.take().expect(POLLED_AFTER_COMPLETION);
                     match admission {
                         Ok(permit) => {
@@ -177,6 +185,7 @@ where
                                 service,
                                 request: Some(request),
                                 held: Some(held),
+                                measure: Some(arrival.admitted()),
                                 detector: Some(detector),
                             });
                         }
@@ -192,36 +201,42 @@ where
                     service,
                     request,
                     held,
+                    measure,
                     detector,
                 } => {
                     if let Err(error) = ready!(service.poll_ready(cx)) {
-                        // The permit drops with the state: the request ended.
+                        // The permit drops with the state: the request ended
+                        // (and the client's view counts it cut off).
                         state.set(State::Done);
                         return Poll::Ready(Err(error));
                     }
                     let future = service.call(request.take().expect(POLLED_AFTER_COMPLETION));
-                    let (held, detector) = (held.take(), detector.take());
+                    let (held, measure, detector) = (held.take(), measure.take(), detector.take());
                     state.set(State::Called {
                         future,
                         held,
+                        measure,
                         detector,
                     });
                 }
                 StateProj::Called {
                     future,
                     held,
+                    measure,
                     detector,
                 } => {
                     let result = ready!(future.poll(cx));
-                    let (held, detector) = (held.take(), detector.take());
+                    let (held, measure, detector) = (held.take(), measure.take(), detector.take());
                     state.set(State::Done);
                     // On an error the permit drops here: the request ended.
                     let (head, body) = result?.into_parts();
                     let mut detector = detector.expect(POLLED_AFTER_COMPLETION);
+                    let mut measure = measure.expect(POLLED_AFTER_COMPLETION);
                     if held.is_some() {
                         detector.on_response(&head);
+                        measure.on_response(&head);
                     }
-                    let body = ResponseBody::admitted(body, held, detector);
+                    let body = ResponseBody::admitted(body, held, measure, detector);
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
                 StateProj::Rejected { response } => {

@@ -10,9 +10,9 @@ use super::Admission;
 use super::bypass::NoBypass;
 use crate::detect::{Auto, FirstTokenDetector};
 use crate::gate::{Gate, Overloaded};
+use crate::http::QosHeaders;
 use crate::http::describe::{DeadlineHeader, Describer, GrpcTimeout};
 use crate::http::reject::OverloadResponder;
-use crate::http::{NoRank, QosHeaders};
 
 /// Applies [`Admission`] to a service: admission control through one
 /// shared [`Gate`].
@@ -32,7 +32,7 @@ use crate::http::{NoRank, QosHeaders};
 /// [`deadline_header`](Self::deadline_header) turn on, then whatever
 /// [`describe`](Self::describe) adds (`X`), in that order.
 #[derive(Debug, Clone)]
-pub struct AdmissionLayer<D = Auto, R = NoRank, P = NoBypass, X = ()> {
+pub struct AdmissionLayer<D = Auto, R = (), P = NoBypass, X = ()> {
     gate: Gate,
     detector: D,
     bypass: P,
@@ -44,7 +44,13 @@ impl AdmissionLayer {
     /// Admission through `gate`, with every request unranked, waiting ending
     /// where the response's content type says ([`Auto`]), and overloads
     /// answered with `529 Site is overloaded` (gRPC: `UNAVAILABLE`).
+    ///
+    /// With feature `metrics`, the layer's series of the client's view
+    /// (behaviour §6: `client_time_to_first_token_seconds` and the others)
+    /// are registered with the gate's, with the recorder in use now (or,
+    /// for a gate still waiting for its recorder, with the one it finds).
     pub fn new(gate: Gate) -> Self {
+        super::client::register(&gate);
         AdmissionLayer {
             gate,
             detector: Auto::default(),
@@ -83,14 +89,27 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
         }
     }
 
-    /// Reads each request's data-parallel rank with `rank`, a
-    /// [`RankExtractor`](crate::http::RankExtractor) such as
-    /// [`RankHeader`](crate::http::RankHeader). Ranks must come from a trusted
-    /// router, not from end users.
+    /// Reads each request's data-parallel rank with `rank`: a
+    /// [`RankHeader`](crate::http::RankHeader), or any
+    /// [`Describe`](crate::http::Describe)r that sets `descriptor.rank`.
+    /// Ranks must come from a trusted router, not from end users.
     ///
     /// The shorthand for the rank part of the layer's describer: it
-    /// replaces the rank extractor set before (by default [`NoRank`]) and
-    /// keeps everything else the layer describes.
+    /// replaces the rank describer set before (by default none: every
+    /// request unranked) and keeps everything else the layer describes.
+    ///
+    /// ```
+    /// use tower_admission::{AdmissionConfig, AdmissionLayer, Descriptor, Gate, RankHeader};
+    ///
+    /// let gate = Gate::new(AdmissionConfig::new());
+    /// let by_header = AdmissionLayer::new(gate.clone()).rank(RankHeader::default());
+    /// let by_path = AdmissionLayer::new(gate).rank(
+    ///     |req: &http::Request<axum::body::Body>, descriptor: &mut Descriptor| {
+    ///         descriptor.rank = req.uri().path().strip_prefix("/rank/").and_then(|r| r.parse().ok());
+    ///     },
+    /// );
+    /// # let _ = (by_header, by_path);
+    /// ```
     pub fn rank<R2>(self, rank: R2) -> AdmissionLayer<D, R2, P, X> {
         AdmissionLayer {
             gate: self.gate,
@@ -152,6 +171,23 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
         self
     }
 
+    /// The status of HTTP answers to requests refused because their
+    /// tenant is over its limit (scope `tenant`, reason `tenant_limit`);
+    /// 429 by default: the worker has room for other tenants, and the
+    /// client's own quota is what ran out.
+    ///
+    /// # Panics
+    ///
+    /// If `status` is not a client or server error (4xx, 5xx).
+    pub fn tenant_overload_status(mut self, status: StatusCode) -> Self {
+        assert!(
+            status.is_client_error() || status.is_server_error(),
+            "tenant_overload_status must be a 4xx or 5xx status, not {status}"
+        );
+        self.answer.tenant_status = status;
+        self
+    }
+
     /// The `grpc-status` of overload answers to gRPC requests; 14
     /// (`UNAVAILABLE`) by default. 8 (`RESOURCE_EXHAUSTED`) is the common
     /// alternative. With tonic: `grpc_overload_code(tonic::Code::Unavailable as i32)`.
@@ -172,7 +208,8 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
     /// none. 1 second by default: long enough for a frontend to route
     /// elsewhere, short enough to come back once the burst has passed.
     /// Rank-scoped answers never carry one: the worker still has room for
-    /// other ranks.
+    /// other ranks. Tenant-scoped answers carry it too, with the tenant's
+    /// own drain estimate when the gate has one.
     ///
     /// With a gate that estimates it from its drain rate
     /// ([`AdmissionConfig::retry_after_from_drain_rate`](crate::AdmissionConfig::retry_after_from_drain_rate)),
@@ -238,15 +275,16 @@ impl<D, R, P, X> AdmissionLayer<D, R, P, X> {
         self
     }
 
-    /// Reads each request's priority and tenant (SPEC §8) from the headers
+    /// Reads each request's priority and tenant (behaviour §8) from the headers
     /// `headers` names, `x-admission-priority` and `x-admission-tenant` with
     /// [`QosHeaders::default()`](crate::http::QosHeaders), and sets them as the
     /// request's [`Priority`](crate::http::Priority) and
     /// [`Tenant`](crate::Tenant) extensions before admission, replacing any
     /// an earlier layer set. A malformed header is ignored: priority 0, no
     /// tenant, unless an earlier layer said otherwise. Off by default:
-    /// without it the layer still honours the extensions, set by a
-    /// [`QosLayer`](crate::http::QosLayer) or your own middleware.
+    /// without it the layer still honours the extensions, set by your own
+    /// middleware, and what a describer of yours
+    /// ([`describe`](Self::describe)) fills in.
     ///
     /// Take these headers from a trusted router only, never straight from
     /// end users: a client that sets its own priority jumps the queue.

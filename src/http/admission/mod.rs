@@ -6,8 +6,9 @@
 //! request's permit until the response ends. Beside them: the
 //! [`Admitted`] and [`FirstToken`] extensions an admitted request carries
 //! (`admitted.rs`, `first_token.rs`), the [`Bypass`] predicates
-//! (`bypass.rs`) and, with feature `tonic`, tonic's `NamedService`
-//! (`tonic.rs`).
+//! (`bypass.rs`), the client's view of each admitted request, measured
+//! from its arrival to the end of its response (`client.rs`) and, with
+//! feature `tonic`, tonic's `NamedService` (`tonic.rs`).
 //!
 //! What the layer tells the gate about a request comes from the
 //! [describer](crate::http::Describe) (`http/describe.rs`), and its
@@ -18,6 +19,7 @@
 mod admitted;
 mod body;
 mod bypass;
+mod client;
 mod first_token;
 mod future;
 mod layer;

@@ -11,13 +11,13 @@ use tower_service::Service;
 
 use super::admitted::admit;
 use super::bypass::{Bypass, NoBypass};
+use super::client::{Arrival, Measure};
 use super::future::Deferred;
 use super::{ResponseBody, ResponseFuture};
 use crate::detect::{Auto, FirstTokenDetector};
 use crate::gate::Gate;
 use crate::http::describe::{Describe, Describer};
 use crate::http::reject::OverloadResponder;
-use crate::http::{NoRank, RankExtractor};
 
 /// Admission control for an HTTP or gRPC service: each request is admitted,
 /// queued, or answered with an overload response before it reaches the
@@ -26,28 +26,13 @@ use crate::http::{NoRank, RankExtractor};
 /// Built by [`AdmissionLayer`](crate::http::AdmissionLayer); see the
 /// [module docs](crate::http) for how it behaves and composes.
 #[derive(Debug, Clone)]
-pub struct Admission<S, D = Auto, R = NoRank, P = NoBypass, X = ()> {
+pub struct Admission<S, D = Auto, R = (), P = NoBypass, X = ()> {
     pub(super) inner: S,
     pub(super) gate: Gate,
     pub(super) detector: D,
     pub(super) bypass: P,
     pub(super) answer: OverloadResponder,
     pub(super) describer: Describer<R, X>,
-}
-
-impl<S> Admission<S> {
-    /// Wraps `inner` with the default configuration: every request
-    /// unranked, waiting ends as [`Auto`] decides, status 529.
-    pub fn new(inner: S, gate: Gate) -> Self {
-        Admission {
-            inner,
-            gate,
-            detector: Auto::default(),
-            bypass: NoBypass,
-            answer: OverloadResponder::default(),
-            describer: Describer::default(),
-        }
-    }
 }
 
 impl<S, D, R, P, X> Admission<S, D, R, P, X> {
@@ -65,11 +50,6 @@ impl<S, D, R, P, X> Admission<S, D, R, P, X> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    /// The gate this service admits through.
-    pub fn gate(&self) -> &Gate {
-        &self.gate
-    }
 }
 
 impl<S, ReqBody, ResBody, D, R, P, X> Service<Request<ReqBody>> for Admission<S, D, R, P, X>
@@ -77,7 +57,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: Body<Data = Bytes>,
     D: FirstTokenDetector,
-    R: RankExtractor<ReqBody>,
+    R: Describe<ReqBody>,
     P: Bypass<ReqBody>,
     X: Describe<ReqBody>,
 {
@@ -97,13 +77,21 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         if self.bypass.bypass(&req) {
-            return ResponseFuture::admitted(self.inner.clone(), req, None, self.detector.clone());
+            return ResponseFuture::admitted(
+                self.inner.clone(),
+                req,
+                None,
+                Measure::none(),
+                self.detector.clone(),
+            );
         }
         // Described once, by the layer's one describer; what the QoS
         // headers held becomes the request's extensions for the inner
         // service.
         let (descriptor, qos) = self.describer.read(&req);
         qos.insert_into(&mut req);
+        // The client's clock starts here, before any queue wait.
+        let arrival = Arrival::now(&self.gate, &descriptor);
         let mut acquire = self.gate.acquire_with(descriptor);
 
         // The gate decided on arrival unless the request was queued: take
@@ -119,6 +107,7 @@ where
                             self.inner.clone(),
                             req,
                             Some(held),
+                            arrival.admitted(),
                             self.detector.clone(),
                         )
                     }
@@ -139,6 +128,7 @@ where
                 request: req,
                 detector: self.detector.clone(),
                 answer: self.answer.clone(),
+                arrival,
             },
         )
     }

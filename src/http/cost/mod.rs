@@ -1,15 +1,20 @@
-//! What a request will cost, known before it is admitted: the seam between
-//! whatever knows a request's tokens and the gate's token budgets.
+//! What a request will cost, known before it is admitted, read from its
+//! body: [`OpenAiCostLayer`].
 //!
-//! [`Admission`](super::Admission) reads a [`Cost`] from the request's
-//! extensions; a request without one counts 0 tokens. Three ways to put it
-//! there, all layers that go **outside** (before) the admission layer:
+//! The admission layer's describer gives each request its [`Cost`]; a
+//! request without one counts 0 tokens. Three ways to give it:
 //!
-//! * [`CostLayer`] with a closure, or with [`CostHeader`] for a cost a
-//!   trusted router already computed and sent in headers;
-//! * [`OpenAiCostLayer`], which reads an OpenAI request body (bounded),
-//!   estimates its prompt tokens and reads `max_tokens` /
-//!   `max_completion_tokens`, then hands the body on unchanged;
+//! * [`OpenAiCostLayer`], a layer that goes **outside** (before) the
+//!   admission layer: it reads an OpenAI request body (bounded), estimates
+//!   its prompt tokens and reads `max_tokens` / `max_completion_tokens`,
+//!   sets the request's [`Cost`] extension, then hands the body on
+//!   unchanged. The admission layer always reads that extension. (A body
+//!   is read before admission, so this one cannot be a describer.)
+//! * a describer given to
+//!   [`AdmissionLayer::describe`](super::AdmissionLayer::describe):
+//!   [`CostHeader`](super::CostHeader) for a cost a trusted router already
+//!   computed and sent in headers, or a closure that sets
+//!   `descriptor.cost`;
 //! * any middleware of your own that inserts a `Cost` extension.
 //!
 //! ```
@@ -34,94 +39,19 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::header::CONTENT_LENGTH;
+use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use serde_json::Value;
 use tower_layer::Layer;
 use tower_service::Service;
 
+// The answers this layer writes, by the crate's one writer.
+use super::reject::{Code, ErrorObject, overload_response};
+use crate::gate::{Gate, Overloaded, RejectionReason};
+
 use super::estimate::{CountTokens, estimate};
-use super::extension::{SetExtension, SetExtensionLayer, SetsCost};
-use super::reader::request_reader;
 use crate::gate::Cost;
-use crate::headers::single_value;
-
-request_reader! {
-    /// Reads the cost of a request, if it can tell.
-    pub trait CostExtractor<B> {
-        /// The request's cost; `None` leaves it unknown (0 tokens).
-        fn cost(&self, req: &Request<B>) -> Option<Cost>;
-    }
-}
-
-/// A cost sent by a trusted router in request headers: prompt tokens in
-/// one header, optionally the maximum output tokens in another. A missing
-/// or malformed prompt header leaves the cost unknown; a malformed output
-/// header leaves the output unknown. Take it from your router, never from
-/// end users: a client could claim any size.
-#[derive(Debug, Clone)]
-pub struct CostHeader {
-    prompt_tokens: HeaderName,
-    max_output_tokens: Option<HeaderName>,
-}
-
-impl CostHeader {
-    /// Prompt tokens from header `name`.
-    ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name.
-    pub fn new(name: &str) -> Self {
-        CostHeader {
-            prompt_tokens: HeaderName::from_bytes(name.as_bytes())
-                .unwrap_or_else(|_| panic!("invalid cost header name: {name:?}")),
-            max_output_tokens: None,
-        }
-    }
-
-    /// Maximum output tokens from header `name` too.
-    ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name.
-    pub fn max_output_tokens(mut self, name: &str) -> Self {
-        self.max_output_tokens = Some(
-            HeaderName::from_bytes(name.as_bytes())
-                .unwrap_or_else(|_| panic!("invalid cost header name: {name:?}")),
-        );
-        self
-    }
-}
-
-fn header_number<B>(req: &Request<B>, name: &HeaderName) -> Option<usize> {
-    single_value(req.headers(), name)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-impl<B> CostExtractor<B> for CostHeader {
-    fn cost(&self, req: &Request<B>) -> Option<Cost> {
-        let prompt = header_number(req, &self.prompt_tokens)?;
-        let output = self
-            .max_output_tokens
-            .as_ref()
-            .and_then(|name| header_number(req, name));
-        Some(Cost::new(prompt, output))
-    }
-}
-
-/// Sets each request's [`Cost`] extension with a [`CostExtractor`]; goes
-/// outside (before) the admission layer. What the extractor cannot tell
-/// leaves the extension as it was. `CostLayer::new(extractor)`.
-pub type CostLayer<E> = SetExtensionLayer<E, SetsCost>;
-
-/// The service of [`CostLayer`].
-pub type SetCost<S, E> = SetExtension<S, E, SetsCost>;
 
 /// Counts the tokens of a prompt text.
 #[derive(Clone)]
@@ -135,14 +65,14 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 /// The default body bound of [`OpenAiCostLayer`]: 4 MiB.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+pub(crate) const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
 /// The default bound on concurrent body reads of one [`OpenAiCostLayer`]
 /// (and all its clones): 64.
-pub const DEFAULT_MAX_CONCURRENT_READS: usize = 64;
+pub(crate) const DEFAULT_MAX_CONCURRENT_READS: usize = 64;
 
 /// The default time a body has to arrive whole: 30 seconds.
-pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Reads an OpenAI request body before admission and sets the request's
 /// [`Cost`]: prompt tokens estimated from the prompt text (`messages[].content`
@@ -161,8 +91,10 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 ///   (added to the text estimate, never passed to the tokenizer);
 /// * **nothing else**: images, audio, files, tool definitions and tool
 ///   calls, `response_format` schemas and every other part the estimator
-///   cannot see count 0 tokens. A trusted router that knows better can set
-///   the [`Cost`] itself ([`CostLayer`]).
+///   cannot see count 0 tokens. A trusted router that knows better can give
+///   the [`Cost`] itself, to a describer on the admission layer
+///   ([`CostHeader`](super::CostHeader) or a closure), whose cost replaces
+///   this layer's.
 ///
 /// Before admission, in this order:
 ///
@@ -175,7 +107,9 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 ///   admission layer), `x-admission-rejection-scope: worker`,
 ///   `x-admission-rejection-reason: body_reads`, `retry-after: 1` and an
 ///   OpenAI-style JSON body (`"type": "overloaded"`, `"code": 529`,
-///   `"reason": "body_reads"`).
+///   `"reason": "body_reads"`), counted in the gate's `rejection_total`
+///   with `reason="body_reads"` when the layer is given the
+///   [`gate`](Self::gate).
 /// * A body larger than the bound (4 MiB unless set) is answered `413`
 ///   with an OpenAI-style JSON error: it costs the gate nothing. A
 ///   `content-length` above the bound is answered without reading the body.
@@ -202,6 +136,8 @@ pub struct OpenAiCostLayer {
     max_concurrent_reads: usize,
     read_timeout: Duration,
     overload_status: StatusCode,
+    /// Counts the overload answers, when given.
+    gate: Option<Gate>,
     /// Bodies being read now, by this layer and all its clones.
     reading: Arc<AtomicUsize>,
 }
@@ -216,6 +152,7 @@ impl Default for OpenAiCostLayer {
             read_timeout: DEFAULT_READ_TIMEOUT,
             overload_status: StatusCode::from_u16(super::reject::SITE_OVERLOADED)
                 .expect("529 is a valid status code"),
+            gate: None,
             reading: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -248,7 +185,7 @@ impl OpenAiCostLayer {
     /// unknown output (0 tokens). A request whose estimated prompt alone
     /// exceeds `tokens` is answered `400` before admission. An oversized
     /// request therefore costs at most `tokens` engine tokens, and one
-    /// larger than a token limit still runs alone (SPEC §7). Default: no
+    /// larger than a token limit still runs alone (behaviour §7). Default: no
     /// limit, the client's `max_tokens` taken as sent.
     pub fn max_model_len(mut self, tokens: usize) -> Self {
         self.max_model_len = Some(tokens);
@@ -257,7 +194,7 @@ impl OpenAiCostLayer {
 
     /// How many bodies this layer and its clones read at once; a request
     /// beyond that is answered `529` (reason `body_reads`) at once.
-    /// Default [`DEFAULT_MAX_CONCURRENT_READS`].
+    /// Default 64.
     ///
     /// # Panics
     ///
@@ -273,7 +210,7 @@ impl OpenAiCostLayer {
     }
 
     /// How long a body has to arrive whole; a slower one is answered `408`.
-    /// Default [`DEFAULT_READ_TIMEOUT`].
+    /// Default 30 seconds.
     pub fn read_timeout(mut self, timeout: Duration) -> Self {
         self.read_timeout = timeout;
         self
@@ -286,6 +223,15 @@ impl OpenAiCostLayer {
     /// `code` follows it.
     pub fn overload_status(mut self, status: StatusCode) -> Self {
         self.overload_status = status;
+        self
+    }
+
+    /// Counts each overload answer (reason `body_reads`) in `gate`'s
+    /// tallies and `rejection_total`, like the gate's own rejections
+    /// ([`Gate::reject`]): give it the gate the admission layer behind this
+    /// one admits through. Without it the answers are sent but not counted.
+    pub fn gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
         self
     }
 }
@@ -360,11 +306,11 @@ where
                 return Ok(error_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     &too_large_message(layer.max_body_bytes),
-                    Value::from("request_too_large"),
+                    Code::Name("request_too_large"),
                 ));
             }
             let Some(slot) = ReadSlot::take(&layer.reading, layer.max_concurrent_reads) else {
-                return Ok(overloaded_response(layer.overload_status));
+                return Ok(overloaded_response(&layer));
             };
             let read =
                 tokio::time::timeout(layer.read_timeout, read_bounded(body, layer.max_body_bytes))
@@ -380,14 +326,14 @@ where
                     return Ok(error_response(
                         StatusCode::REQUEST_TIMEOUT,
                         &message,
-                        Value::from(408),
+                        Code::Number(408),
                     ));
                 }
                 Ok(Err(ReadError::TooLarge)) => {
                     return Ok(error_response(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         &too_large_message(layer.max_body_bytes),
-                        Value::from("request_too_large"),
+                        Code::Name("request_too_large"),
                     ));
                 }
                 Ok(Err(ReadError::Body(error))) => {
@@ -395,7 +341,7 @@ where
                     return Ok(error_response(
                         StatusCode::BAD_REQUEST,
                         &message,
-                        Value::from("invalid_body"),
+                        Code::Name("invalid_body"),
                     ));
                 }
             };
@@ -414,7 +360,7 @@ where
                         return Ok(error_response(
                             StatusCode::BAD_REQUEST,
                             &message,
-                            Value::from(400),
+                            Code::Number(400),
                         ));
                     }
                     let room = limit.saturating_sub(cost.prompt_tokens);
@@ -476,55 +422,26 @@ where
     })
 }
 
-/// An OpenAI-style error response.
-fn error_response<B>(status: StatusCode, message: &str, code: Value) -> Response<CostBody<B>> {
-    let json = serde_json::json!({
-        "error": {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": null,
-            "code": code,
-        }
-    });
-    let mut response = Response::new(CostBody::answer(Bytes::from(json.to_string())));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
+/// An OpenAI-style error response (`invalid_request_error`).
+fn error_response<B>(status: StatusCode, message: &str, code: Code<'_>) -> Response<CostBody<B>> {
+    let error = ErrorObject {
+        message,
+        kind: "invalid_request_error",
+        code,
+        overloaded: None,
+    };
+    error.respond(status).map(CostBody::answer)
 }
 
-/// The gate's worker-scoped overload answer, for a request beyond the
-/// concurrent body reads: the same status, headers and JSON members.
-fn overloaded_response<B>(status: StatusCode) -> Response<CostBody<B>> {
-    let json = serde_json::json!({
-        "error": {
-            "message": "overloaded: too many request bodies are being read at once",
-            "type": "overloaded",
-            "param": null,
-            "code": status.as_u16(),
-            "scope": "worker",
-            "rank": null,
-            "reason": "body_reads",
-        }
-    });
-    let mut response = Response::new(CostBody::answer(Bytes::from(json.to_string())));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(super::REJECTION_SCOPE, HeaderValue::from_static("worker"));
-    headers.insert(
-        super::REJECTION_REASON,
-        HeaderValue::from_static("body_reads"),
-    );
-    headers.insert(RETRY_AFTER, HeaderValue::from(1u32));
-    #[cfg(feature = "hyper")]
-    if status.as_u16() == super::reject::SITE_OVERLOADED {
-        response
-            .extensions_mut()
-            .insert(hyper::ext::ReasonPhrase::from_static(b"Site is overloaded"));
-    }
-    response
+/// The gate's worker-scoped overload answer (reason `body_reads`), for a
+/// request beyond the concurrent body reads, counted by the layer's gate.
+fn overloaded_response<B>(layer: &OpenAiCostLayer) -> Response<CostBody<B>> {
+    let reason = RejectionReason::BodyReads;
+    let overloaded = match &layer.gate {
+        Some(gate) => gate.reject(reason),
+        None => Overloaded::worker(reason),
+    };
+    overload_response(&overloaded, layer.overload_status).map(CostBody::answer)
 }
 
 pin_project! {
@@ -595,33 +512,5 @@ where
                 SizeHint::with_exact(body.as_ref().map_or(0, |body| body.len() as u64))
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_trusted_header_gives_the_cost_and_ambiguity_gives_none() {
-        let header = CostHeader::new("x-prompt-tokens").max_output_tokens("x-max-tokens");
-        let req = Request::builder()
-            .header("x-prompt-tokens", " 800 ")
-            .header("x-max-tokens", "64")
-            .body(())
-            .unwrap();
-        assert_eq!(header.cost(&req), Some(Cost::new(800, Some(64))));
-        let twice = Request::builder()
-            .header("x-prompt-tokens", "1")
-            .header("x-prompt-tokens", "2")
-            .body(())
-            .unwrap();
-        assert_eq!(header.cost(&twice), None);
-        let bad_output = Request::builder()
-            .header("x-prompt-tokens", "5")
-            .header("x-max-tokens", "lots")
-            .body(())
-            .unwrap();
-        assert_eq!(header.cost(&bad_output), Some(Cost::prompt(5)));
     }
 }

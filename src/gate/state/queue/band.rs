@@ -24,7 +24,11 @@
 //!   or a flow whose head is another request: arrivals are never reused).
 //! * Every request of a flow but its tail has the arrival of the next in
 //!   `next_seq`; every request but the head has a `prev` in its flow.
-//! * `backlogged_weight` is the sum of the flows' weights.
+//! * `backlogged_weight` is the sum of the weights of the flows that are
+//!   not parked.
+//! * A parked flow (its tenant at its engine limit, see
+//!   [`Queue::park`](super::Queue::park)) has no live entry in `heads`: the
+//!   band passes over it, and its requests keep their order in it.
 
 use std::collections::HashMap;
 
@@ -44,6 +48,8 @@ struct Flow {
     head_seq: u64,
     fifo: Ends,
     weight: u32,
+    /// Passed over until its tenant has room again.
+    parked: bool,
 }
 
 #[derive(Debug, Default)]
@@ -70,10 +76,9 @@ impl Band {
     /// The flow first in fair order, dropping stale heap entries.
     fn first_flow(&mut self) -> Option<&Flow> {
         while let Some(&(start, seq, id)) = self.heads.first() {
-            let live = self
-                .flows
-                .get(id as usize)
-                .is_some_and(|flow| flow.head_seq == seq && flow.head_start == start);
+            let live = self.flows.get(id as usize).is_some_and(|flow| {
+                flow.head_seq == seq && flow.head_start == start && !flow.parked
+            });
             if live {
                 return self.flows.get(id as usize);
             }
@@ -117,6 +122,7 @@ impl Band {
                 head_seq: seq,
                 fifo: Ends::default(),
                 weight,
+                parked: false,
             });
             self.backlogged_weight += u64::from(weight);
             self.heads.push((self.virtual_time, seq, id));
@@ -165,15 +171,60 @@ impl Band {
         match flow.fifo.head() {
             Some(_) => {
                 flow.head_seq = next_seq;
+                if flow.parked {
+                    // A parked flow was parked for its head's demand: a new
+                    // head may fit where the old did not, so the flow is
+                    // looked at again (and parked again if it does not).
+                    flow.parked = false;
+                    flow.head_start = flow.head_start.max(self.virtual_time);
+                    self.backlogged_weight += u64::from(flow.weight);
+                }
                 self.heads.push((flow.head_start, flow.head_seq, id));
             }
             None => {
-                self.backlogged_weight -= u64::from(flow.weight);
+                if !flow.parked {
+                    self.backlogged_weight -= u64::from(flow.weight);
+                }
                 self.flows.remove(id as usize);
                 self.ids.remove(&tenant);
             }
         }
         self.compact();
+    }
+
+    /// Parks the flow `id`: the band passes over it (its heap entry turns
+    /// stale) and its weight leaves the backlogged weight, as if it had
+    /// emptied, until [`unpark`](Self::unpark).
+    pub(super) fn park(&mut self, id: u32) {
+        let flow = &mut self.flows[id as usize];
+        if !flow.parked {
+            flow.parked = true;
+            self.backlogged_weight -= u64::from(flow.weight);
+        }
+        self.compact();
+    }
+
+    /// Unparks the flow of `tenant`, if it has a parked one here. It comes
+    /// back as a flow that became backlogged: its head starts no earlier
+    /// than the band's clock, so time parked earns it no credit over the
+    /// flows served meanwhile.
+    pub(super) fn unpark(&mut self, tenant: Option<Tenant>) {
+        let Some(&id) = self.ids.get(&tenant) else {
+            return;
+        };
+        let flow = &mut self.flows[id as usize];
+        if !flow.parked {
+            return;
+        }
+        flow.parked = false;
+        flow.head_start = flow.head_start.max(self.virtual_time);
+        self.backlogged_weight += u64::from(flow.weight);
+        self.heads.push((flow.head_start, flow.head_seq, id));
+    }
+
+    /// Whether every flow is parked (or there is none).
+    pub(super) fn all_parked(&mut self) -> bool {
+        self.first_flow().is_none()
     }
 
     /// Rebuilds the heap when stale entries outnumber the live ones, and
@@ -188,7 +239,7 @@ impl Band {
         const SLACK: usize = 16;
         let live = self.flows.len();
         if self.heads.len() > 2 * live + SLACK {
-            let heads = self.flows.iter();
+            let heads = self.flows.iter().filter(|(_, flow)| !flow.parked);
             self.heads.rebuild(
                 heads.map(|(id, flow)| (flow.head_start, flow.head_seq, id as u32)),
                 2 * live + SLACK,

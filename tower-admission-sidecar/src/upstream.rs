@@ -1,0 +1,487 @@
+//! [`Upstream`]: forwards a request to the engine and its response back,
+//! streaming both ways, over a pooled hyper client.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::Notify;
+use tower_service::Service;
+
+use super::answer::json_error;
+use super::body::Body;
+use tower_admission::http::ORIGIN;
+
+/// The engine's base URL: `http://host:port`, optionally with a path prefix
+/// (`http://host:port/engine`) put in front of every forwarded path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    authority: Authority,
+    prefix: String,
+}
+
+impl UpstreamUrl {
+    /// Reads a base URL. Only `http` is spoken: the engine runs on the same
+    /// host or pod, so there is no TLS to it.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url
+            .trim()
+            .parse()
+            .map_err(|error| format!("invalid upstream URL {url:?}: {error}"))?;
+        match uri.scheme() {
+            Some(scheme) if *scheme == Scheme::HTTP => {}
+            Some(scheme) => {
+                return Err(format!(
+                    "invalid upstream URL {url:?}: scheme {scheme} is not supported, only http \
+                     (the engine runs beside the sidecar)"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "invalid upstream URL {url:?}: give the scheme, e.g. http://127.0.0.1:8080"
+                ));
+            }
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("invalid upstream URL {url:?}: no host"))?;
+        if uri.query().is_some() {
+            return Err(format!(
+                "invalid upstream URL {url:?}: a base URL has no query"
+            ));
+        }
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(UpstreamUrl { authority, prefix })
+    }
+
+    /// The engine's URL for a request's path and query.
+    pub fn join(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        let joined = format!("{}{}", self.prefix, path_and_query);
+        let path: PathAndQuery = joined.parse()?;
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.authority.clone())
+            .path_and_query(path)
+            .build()
+    }
+
+    /// The engine's host and port, as sent in `Host`.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+}
+
+impl std::fmt::Display for UpstreamUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// How the sidecar talks to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamOptions {
+    /// Speak HTTP/2 without TLS (h2c, prior knowledge) instead of HTTP/1.1.
+    pub h2c: bool,
+    /// How long connecting may take before the answer is `504`.
+    pub connect_timeout: Duration,
+    /// How long the engine may take to send its response head before the
+    /// answer is `504`; a non-streaming answer's head comes only when it is
+    /// whole, so this bounds a whole non-streaming generation. `None`: no
+    /// bound.
+    pub response_timeout: Option<Duration>,
+}
+
+impl Default for UpstreamOptions {
+    fn default() -> Self {
+        UpstreamOptions {
+            h2c: false,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+/// How long an idle engine connection is kept: below the 5 s after which
+/// llama.cpp and uvicorn close an idle connection themselves.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Idle engine connections kept at most: enough for the streams of a busy
+/// worker to reuse theirs (as nginx's `keepalive 512` per worker does); an
+/// idle one costs a file descriptor and a few KiB.
+const POOL_MAX_IDLE: usize = 512;
+
+/// A request body the sidecar holds whole (read before admission, or
+/// empty), set on the request's extensions: the request can be sent again.
+#[derive(Debug, Clone)]
+pub(crate) struct Replayable(pub(crate) bytes::Bytes);
+
+/// Forwards requests to one engine. `Clone` shares the connection pool.
+///
+/// * Hop-by-hop headers (`connection` and those it names, `keep-alive`,
+///   `proxy-*`, `te` other than `trailers`, `trailer`, `transfer-encoding`,
+///   `upgrade`) are dropped both ways; `host` becomes the engine's.
+/// * Bodies stream both ways, frame by frame. Dropping the response body
+///   (the client left) drops the engine connection it came on, so the
+///   engine sees the disconnect and aborts the request; dropping the
+///   response future before the head arrived does the same.
+/// * An engine that cannot be reached gets the client a `502`, one that
+///   takes too long a `504`, both with an OpenAI-style JSON error and
+///   `x-admission-origin: proxy`. The engine's own error answers (its
+///   `503` while loading, a `429`) pass through with
+///   `x-admission-origin: engine`, so a frontend can tell them from the
+///   gate's overload answers (which carry `x-admission-rejection-scope`).
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Body>,
+    url: Arc<UpstreamUrl>,
+    options: UpstreamOptions,
+    unreachable: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("url", &self.url)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    /// A forwarder to `url`. Must be created inside a Tokio runtime's
+    /// context only when used: connections are spawned on the runtime that
+    /// polls the requests.
+    pub fn new(url: UpstreamUrl, options: UpstreamOptions) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(options.connect_timeout));
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.http2_only(options.h2c);
+        // Connections are reused where the engine keeps them (vLLM, SGLang,
+        // TGI): one connection per request left a TIME_WAIT socket each,
+        // and ran out of ports near 470 requests/s to another host. A
+        // response body dropped before its end (the client left) still
+        // closes its connection, never pooled, so the engine still sees the
+        // disconnect and aborts. Engines close kept-alive connections when
+        // they like (llama.cpp after each stream, or after 5 s idle, like
+        // uvicorn): idle ones are dropped here first, a request hyper never
+        // wrote is retried on another connection (hyper's
+        // retry_canceled_requests), and one written on a connection the
+        // engine had closed is sent again once (`retry_once`).
+        builder
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
+            .retry_canceled_requests(true);
+        Upstream {
+            client: builder.build(connector),
+            url: Arc::new(url),
+            options,
+            unreachable: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The engine's base URL.
+    pub fn url(&self) -> &UpstreamUrl {
+        &self.url
+    }
+
+    /// Woken each time a request could not reach the engine (it may be
+    /// restarting): capacity discovery reads the engine again.
+    pub(crate) fn unreachable(&self) -> Arc<Notify> {
+        Arc::clone(&self.unreachable)
+    }
+
+    fn prepare(&self, req: Request<Body>) -> Result<Request<Body>, http::Error> {
+        let (mut parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        parts.uri = self.url.join(path)?;
+        remove_hop_by_hop(&mut parts.headers);
+        let host = HeaderValue::from_str(self.url.authority().as_str())
+            .expect("an authority is a valid header value");
+        parts.headers.insert(header::HOST, host);
+        if self.options.h2c {
+            // HTTP/2 has no Host header: the authority is in the URI.
+            parts.headers.remove(header::HOST);
+        }
+        parts.version = http::Version::HTTP_11;
+        if self.options.h2c {
+            parts.version = http::Version::HTTP_2;
+        }
+        Ok(Request::from_parts(parts, body))
+    }
+}
+
+/// Headers meaningful for one connection only (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    // `te: trailers` is end to end in practice (gRPC needs it); any other
+    // transfer coding is this connection's.
+    let trailers_only = headers
+        .get_all(header::TE)
+        .iter()
+        .all(|value| value.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    if !trailers_only {
+        headers.remove(header::TE);
+    }
+}
+
+impl Service<Request<Body>> for Upstream {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    /// Always ready: the pool opens a connection per request when none is
+    /// idle.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let replay = req.extensions().get::<Replayable>().cloned().or_else(|| {
+            http_body::Body::is_end_stream(req.body()).then(|| Replayable(bytes::Bytes::new()))
+        });
+        let prepared = self.prepare(req);
+        let client = self.client.clone();
+        let timeout = self.options.response_timeout;
+        let unreachable = Arc::clone(&self.unreachable);
+        Box::pin(async move {
+            let req = match prepared {
+                Ok(req) => req,
+                Err(error) => {
+                    return Ok(json_error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the request cannot be forwarded: {error}"),
+                        "invalid_request_error",
+                    ));
+                }
+            };
+            let sent = retry_once(client, req, replay);
+            let result = match timeout {
+                Some(limit) => match tokio::time::timeout(limit, sent).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        tracing::warn!(
+                            "the engine sent no response head within {limit:?}: answered 504"
+                        );
+                        return Ok(timed_out(limit));
+                    }
+                },
+                None => sent.await,
+            };
+            match result {
+                Ok(response) => Ok(from_engine(response)),
+                Err(error) => {
+                    if error.is_connect() {
+                        unreachable.notify_one();
+                    }
+                    let answer = failed(&error);
+                    tracing::warn!(
+                        "forwarding to the engine failed, answered {}: {}",
+                        answer.status().as_u16(),
+                        chain(&error)
+                    );
+                    Ok(answer)
+                }
+            }
+        })
+    }
+}
+
+/// Sends `req`, and once more on another connection when the engine closed
+/// the first without a byte of response and the body can be sent again: a
+/// connection the engine closed as the request went out (llama.cpp closes
+/// after each stream), which the engine never read.
+async fn retry_once(
+    client: Client<HttpConnector, Body>,
+    req: Request<Body>,
+    replay: Option<Replayable>,
+) -> Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+    let again = replay.map(|Replayable(bytes)| {
+        let mut again = Request::new(Body::from(bytes));
+        *again.method_mut() = req.method().clone();
+        *again.uri_mut() = req.uri().clone();
+        *again.version_mut() = req.version();
+        *again.headers_mut() = req.headers().clone();
+        again
+    });
+    match client.request(req).await {
+        Err(error) if closed_unanswered(&error) => match again {
+            Some(again) => {
+                tracing::debug!(
+                    "the engine closed a connection without answering: sent again ({})",
+                    chain(&error)
+                );
+                client.request(again).await
+            }
+            None => Err(error),
+        },
+        result => result,
+    }
+}
+
+/// Whether the engine closed the connection before any response byte.
+fn closed_unanswered(error: &hyper_util::client::legacy::Error) -> bool {
+    if error.is_connect() {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if let Some(hyper) = error.downcast_ref::<hyper::Error>() {
+            if hyper.is_incomplete_message() || hyper.is_canceled() {
+                return true;
+            }
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ) {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// The engine's response, ready for the client.
+fn from_engine(response: Response<hyper::body::Incoming>) -> Response<Body> {
+    let (mut parts, body) = response.into_parts();
+    remove_hop_by_hop(&mut parts.headers);
+    if parts.status.is_client_error() || parts.status.is_server_error() {
+        parts
+            .headers
+            .insert(ORIGIN, HeaderValue::from_static("engine"));
+    }
+    Response::from_parts(parts, Body::new(body))
+}
+
+fn timed_out(limit: Duration) -> Response<Body> {
+    json_error(
+        StatusCode::GATEWAY_TIMEOUT,
+        &format!(
+            "the engine sent no response within {} s",
+            limit.as_secs_f64()
+        ),
+        "upstream_timeout",
+    )
+}
+
+/// `502` for an engine that cannot be reached or dropped the request,
+/// `504` for one that did not accept the connection in time.
+fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
+    if is_timeout(error) {
+        return json_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("connecting to the engine timed out: {}", chain(error)),
+            "upstream_timeout",
+        );
+    }
+    if error.is_connect() {
+        let message = format!("the engine is unreachable: {}", chain(error));
+        return json_error(StatusCode::BAD_GATEWAY, &message, "upstream_unreachable");
+    }
+    let message = format!("the engine failed the request: {}", chain(error));
+    json_error(StatusCode::BAD_GATEWAY, &message, "upstream_error")
+}
+
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
+}
+
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(error) = source {
+        text.push_str(": ");
+        text.push_str(&error.to_string());
+        source = error.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_keep_their_prefix_and_refuse_what_is_not_http() {
+        let url = UpstreamUrl::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!(
+            url.join("/v1/models?x=1").unwrap(),
+            "http://127.0.0.1:8080/v1/models?x=1"
+        );
+        let prefixed = UpstreamUrl::parse("http://engine:8000/api/").unwrap();
+        assert_eq!(
+            prefixed.join("/v1/models").unwrap(),
+            "http://engine:8000/api/v1/models"
+        );
+        for bad in ["https://engine", "engine:8000", "http://engine/?q=1", ""] {
+            let error = UpstreamUrl::parse(bad).unwrap_err();
+            assert!(error.contains("upstream URL"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped_with_those_connection_names() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, "keep-alive, x-secret".parse().unwrap());
+        headers.insert("x-secret", "1".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        headers.insert(header::UPGRADE, "websocket".parse().unwrap());
+        headers.insert(header::TE, "gzip".parse().unwrap());
+        headers.insert(header::AUTHORIZATION, "Bearer k".parse().unwrap());
+        headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+        remove_hop_by_hop(&mut headers);
+        // `HeaderMap::remove` may reorder what is left: compare as a set.
+        let mut left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "content-type"]);
+
+        let mut grpc = HeaderMap::new();
+        grpc.insert(header::TE, "trailers".parse().unwrap());
+        remove_hop_by_hop(&mut grpc);
+        assert!(grpc.contains_key(header::TE));
+    }
+}
