@@ -199,6 +199,15 @@
 //!   (llama.cpp closes after each stream) is sent again once on another
 //!   connection, when its body is held whole (read before admission, or
 //!   empty), instead of a `502`.
+//! * **A thread per core** ([`serve_threads`], `--workers`, the number of
+//!   cores by default): each thread runs a single-threaded runtime that
+//!   accepts connections from the one listening socket and serves them to
+//!   their end, with engine connections of its own
+//!   ([`Upstream::pool_per_thread`]), nginx's worker shape: a token's way
+//!   from the engine's socket to the client's wakes no other thread. The
+//!   gate and every cap are shared. (Tokio's multi-thread runtime, which
+//!   [`serve`] runs on when you call it there, spent most of its kernel
+//!   time in cross-thread wake-ups at high rates: BENCHMARKS.md.)
 //! * **Credentials** ([`ApiKeys`], `--api-key`, `--api-key-file`): when
 //!   set, every request but the health probes must present a key
 //!   (`Authorization: Bearer`, or `x-api-key`) or is answered `401` before
@@ -252,7 +261,7 @@ pub use self::limits::{
 pub use self::metrics_listen::serve_metrics;
 pub use self::path::{DEFAULT_PASS_PATHS, PathRefusal, normalise_path};
 pub use self::router_view::{RouterView, RouterViewOptions};
-pub use self::serve::{serve, serve_with};
+pub use self::serve::{serve, serve_threads, serve_with};
 pub use self::service::{
     DEADLINE_HEADER, DEFAULT_ADMIT_PATHS, Drain, RenderMetrics, Sidecar, SidecarBuilder,
 };

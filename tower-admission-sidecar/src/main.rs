@@ -113,6 +113,12 @@ struct Args {
     #[arg(long, value_name = "BYTES", allow_negative_numbers = true, default_value = "268435456", value_parser = positive)]
     max_total_request_body_bytes: NonZeroUsize,
 
+    /// Threads serving clients, each with a single-threaded runtime that
+    /// keeps the connections it accepts and their engine connections
+    /// (nginx's worker processes); the number of cores by default.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    workers: Option<NonZeroUsize>,
+
     /// Open client connections at most; one more is answered 503 and
     /// closed (logged when the cap is reached). Lowered to what the
     /// open-file limit allows (raised to its hard limit at start).
@@ -279,7 +285,10 @@ fn init_logging() {
         .init();
 }
 
-#[tokio::main]
+// The main thread's runtime runs what is not on a request's way: capacity
+// discovery, the router view's engine scrapes, a separate metrics listener,
+// the signals. Clients are served by the --workers threads.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
     init_logging();
@@ -374,7 +383,7 @@ async fn main() -> ExitCode {
         connect_timeout: args.upstream_connect_timeout_ms,
         response_timeout: (!args.upstream_timeout_s.is_zero()).then_some(args.upstream_timeout_s),
     };
-    let upstream = Upstream::new(args.upstream.clone(), options);
+    let upstream = Upstream::new(args.upstream.clone(), options).pool_per_thread();
     // Estimating costs, the engine token limit follows the engine's KV
     // cache where the engine states it (vLLM's vllm:cache_config_info) and
     // no flag or variable set it: the gate then admits no more prompt plus
@@ -517,13 +526,16 @@ async fn main() -> ExitCode {
     }
     let (sidecar, drain) = builder.build();
 
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+    let listener = match std::net::TcpListener::bind(args.listen) {
         Ok(listener) => listener,
         Err(error) => {
             eprintln!("error: cannot listen on {}: {error}", args.listen);
             return ExitCode::FAILURE;
         }
     };
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
     let address = listener.local_addr().map_or(args.listen, |address| address);
     let limits = gate.limits_in_force().per_rank;
     // Printed at once (stdout is line-buffered): scripts wait for this line.
@@ -567,9 +579,10 @@ async fn main() -> ExitCode {
     );
 
     println!(
-        "connections: at most {max_connections} open (open-file limit {}), first head within \
-         {} s of accept, idle ones closed after {} s, {} HTTP/2 streams each; {} passthrough \
-         requests at once; clients reading nothing cut off after {} s; API keys: {}",
+        "connections: served by {workers} threads (--workers); at most {max_connections} open \
+         (open-file limit {}), first head within {} s of accept, idle ones closed after {} s, {} \
+         HTTP/2 streams each; {} passthrough requests at once; clients reading nothing cut off \
+         after {} s; API keys: {}",
         open_files.map_or_else(|| "unknown".to_owned(), |limit| limit.to_string()),
         args.head_timeout_s.as_secs(),
         args.idle_timeout_s.as_secs(),
@@ -579,8 +592,9 @@ async fn main() -> ExitCode {
         api_keys.as_ref().map_or(0, ApiKeys::len),
     );
 
-    tower_admission_sidecar::serve_with(
+    let served = tower_admission_sidecar::serve_threads(
         listener,
+        workers,
         sidecar,
         drain,
         shutdown_signal(),
@@ -588,6 +602,10 @@ async fn main() -> ExitCode {
         connection_limits,
     )
     .await;
+    if let Err(error) = served {
+        eprintln!("error: cannot start the {workers} serving threads (--workers): {error}");
+        return ExitCode::FAILURE;
+    }
     eprintln!("stopped");
     ExitCode::SUCCESS
 }

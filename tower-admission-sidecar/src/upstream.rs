@@ -1,10 +1,12 @@
 //! [`Upstream`]: forwards a request to the engine and its response back,
 //! streaming both ways, over a pooled hyper client.
 
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -142,7 +144,7 @@ pub(crate) struct Replayable(pub(crate) bytes::Bytes);
 ///   gate's overload answers (which carry `x-admission-rejection-scope`).
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+    client: Pools,
     url: Arc<UpstreamUrl>,
     options: UpstreamOptions,
     unreachable: Arc<Notify>,
@@ -162,32 +164,42 @@ impl Upstream {
     /// context only when used: connections are spawned on the runtime that
     /// polls the requests.
     pub fn new(url: UpstreamUrl, options: UpstreamOptions) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(options.connect_timeout));
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder.http2_only(options.h2c);
-        // Connections are reused where the engine keeps them (vLLM, SGLang,
-        // TGI): one connection per request left a TIME_WAIT socket each,
-        // and ran out of ports near 470 requests/s to another host. A
-        // response body dropped before its end (the client left) still
-        // closes its connection, never pooled, so the engine still sees the
-        // disconnect and aborts. Engines close kept-alive connections when
-        // they like (llama.cpp after each stream, or after 5 s idle, like
-        // uvicorn): idle ones are dropped here first, a request hyper never
-        // wrote is retried on another connection (hyper's
-        // retry_canceled_requests), and one written on a connection the
-        // engine had closed is sent again once (`retry_once`).
-        builder
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(POOL_MAX_IDLE)
-            .retry_canceled_requests(true);
         Upstream {
-            client: builder.build(connector),
+            client: Pools::Shared(Arc::new(engine_client(&options))),
             url: Arc::new(url),
             options,
             unreachable: Arc::new(Notify::new()),
+        }
+    }
+
+    /// This forwarder with a pool of engine connections per thread, for a
+    /// server running one single-threaded runtime per core
+    /// ([`serve_threads`](crate::serve_threads)): a request is sent on a
+    /// connection its own thread keeps, so a stream's client and engine
+    /// sockets are served by one thread, with no wake-up crossing to
+    /// another. Each thread that forwards through it keeps its pool for as
+    /// long as the thread lives. On a multi-thread runtime the one shared
+    /// pool ([`new`](Upstream::new)) reuses connections better.
+    pub fn pool_per_thread(self) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Upstream {
+            client: Pools::PerThread(NEXT.fetch_add(1, Ordering::Relaxed)),
+            ..self
+        }
+    }
+
+    /// The pool a request sent from this thread uses.
+    fn client(&self) -> Client<HttpConnector, Body> {
+        match &self.client {
+            Pools::Shared(client) => Client::clone(client),
+            Pools::PerThread(id) => THREAD_POOLS.with_borrow_mut(|pools| {
+                if let Some((_, client)) = pools.iter().find(|(of, _)| of == id) {
+                    return client.clone();
+                }
+                let client = engine_client(&self.options);
+                pools.push((*id, client.clone()));
+                client
+            }),
         }
     }
 
@@ -220,6 +232,48 @@ impl Upstream {
         }
         Ok(Request::from_parts(parts, body))
     }
+}
+
+/// Where an [`Upstream`] keeps its engine connections.
+#[derive(Clone)]
+enum Pools {
+    /// One pool for every thread.
+    Shared(Arc<Client<HttpConnector, Body>>),
+    /// A pool per thread, in [`THREAD_POOLS`] under this forwarder's id.
+    PerThread(u64),
+}
+
+thread_local! {
+    /// The engine connection pools of this thread, by the id of the
+    /// [`Upstream::pool_per_thread`] forwarder they serve (one or two in a
+    /// process: a short list).
+    static THREAD_POOLS: RefCell<Vec<(u64, Client<HttpConnector, Body>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// A client for the engine, with `options`' protocol and connect timeout.
+fn engine_client(options: &UpstreamOptions) -> Client<HttpConnector, Body> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(options.connect_timeout));
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder.http2_only(options.h2c);
+    // Connections are reused where the engine keeps them (vLLM, SGLang,
+    // TGI): one connection per request left a TIME_WAIT socket each, and
+    // ran out of ports near 470 requests/s to another host. A response body
+    // dropped before its end (the client left) still closes its connection,
+    // never pooled, so the engine still sees the disconnect and aborts.
+    // Engines close kept-alive connections when they like (llama.cpp after
+    // each stream, or after 5 s idle, like uvicorn): idle ones are dropped
+    // here first, a request hyper never wrote is retried on another
+    // connection (hyper's retry_canceled_requests), and one written on a
+    // connection the engine had closed is sent again once (`retry_once`).
+    builder
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(POOL_MAX_IDLE)
+        .retry_canceled_requests(true);
+    builder.build(connector)
 }
 
 /// Headers meaningful for one connection only (RFC 9110 §7.6.1).
@@ -272,7 +326,7 @@ impl Service<Request<Body>> for Upstream {
             http_body::Body::is_end_stream(req.body()).then(|| Replayable(bytes::Bytes::new()))
         });
         let prepared = self.prepare(req);
-        let client = self.client.clone();
+        let client = self.client();
         let timeout = self.options.response_timeout;
         let unreachable = Arc::clone(&self.unreachable);
         Box::pin(async move {

@@ -63,6 +63,11 @@ fn invalid_flags_fail_at_startup_naming_the_flag_and_the_value() {
             "--overload-status",
             "200",
         ),
+        (
+            &["--upstream", "http://e", "--workers", "0"][..],
+            "--workers",
+            "0",
+        ),
     ] {
         let (status, stderr) = sidecar_binary(args);
         assert!(!status.success(), "{args:?} started");
@@ -97,6 +102,7 @@ fn help_lists_the_sidecar_and_admission_flags() {
         "--tenant-limit",
         "--router-view",
         "--engine-scrape-interval-ms",
+        "--workers",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
@@ -118,13 +124,20 @@ async fn the_binary_takes_its_capacity_from_the_flag_and_drains_on_sigterm() {
             "1",
             "--capacity-poll-interval-ms",
             "600000",
+            "--workers",
+            "2",
         ],
         &[],
     );
     let url = process.listening_url();
     let banner = process.wait_for_stdout("banner", |text| {
-        text.contains("admitted: POST").then(|| text.to_owned())
+        text.contains("connections: served by")
+            .then(|| text.to_owned())
     });
+    assert!(
+        banner.contains("served by 2 threads (--workers)"),
+        "{banner}"
+    );
     assert!(
         banner.contains("capacity: from --max-num-seqs 1 and 1 rank(s)"),
         "{banner}"

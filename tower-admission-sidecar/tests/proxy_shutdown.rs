@@ -57,6 +57,59 @@ async fn at_shutdown_queued_requests_get_503_and_running_streams_finish() {
 }
 
 #[tokio::test]
+async fn on_threads_of_its_own_one_gate_serves_every_thread_and_shutdown_drains_them_all() {
+    let mut engine = engine(1).await;
+    let mut sidecar = sidecar_on_threads(small_gate(), &engine.url, 2, |b| b).await;
+    let client = client();
+    // Each request on a connection of its own: the threads take them as
+    // they come, and the one gate counts them all.
+    let first = within(chat(&client, &sidecar.url)).await;
+    let running = within(engine.arrivals.recv()).await.unwrap();
+    let queued = tokio::spawn({
+        let (client, url) = (client.clone(), sidecar.url.clone());
+        async move { chat(&client, &url).await }
+    });
+    until("queued", || totals(&sidecar.gate).queued == 1).await;
+    let refused = within(chat(&client, &sidecar.url)).await;
+    assert_eq!(refused.status(), 529, "one slot, one queue place: full");
+
+    let _ = sidecar.stop.take().unwrap().send(());
+    let queued = within(queued).await.unwrap();
+    assert_eq!(queued.status(), 503);
+    assert_eq!(queued.headers()["x-admission-rejection-reason"], "shutdown");
+    assert!(
+        engine.arrivals.try_recv().is_err(),
+        "the queued request never ran"
+    );
+    // No thread accepts any more.
+    for _ in 0..4 {
+        assert!(
+            client
+                .post(format!("{}/v1/chat/completions", sidecar.url))
+                .body(chat_body())
+                .send()
+                .await
+                .is_err()
+        );
+    }
+
+    // The running stream still finishes, then every thread stops.
+    running
+        .stream
+        .send(Bytes::from_static(TOKEN.as_bytes()))
+        .unwrap();
+    running
+        .stream
+        .send(Bytes::from_static(DONE.as_bytes()))
+        .unwrap();
+    drop(running.stream);
+    let body = within(first.bytes()).await.unwrap();
+    assert_eq!(body, format!("{TOKEN}{DONE}").as_bytes());
+    within(&mut sidecar.served).await.unwrap();
+    assert_eq!(totals(&sidecar.gate).engine_requests, 0);
+}
+
+#[tokio::test]
 async fn at_shutdown_the_answer_is_the_gate_s_and_counted_with_reason_shutdown() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let metrics = recorder.handle();

@@ -213,6 +213,43 @@ pub async fn sidecar(
     }
 }
 
+/// As [`sidecar`], served by [`proxy::serve_threads`] on `threads` threads
+/// of its own, forwarding with a pool of engine connections per thread.
+pub async fn sidecar_on_threads(
+    gate: Gate,
+    upstream: &str,
+    threads: usize,
+    build: impl FnOnce(proxy::SidecarBuilder) -> proxy::SidecarBuilder,
+) -> Running {
+    let upstream =
+        Upstream::new(UpstreamUrl::parse(upstream).unwrap(), options()).pool_per_thread();
+    let (sidecar, drain) = build(Sidecar::builder(gate.clone(), upstream)).build();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address: SocketAddr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let served = tokio::spawn(async move {
+        proxy::serve_threads(
+            listener,
+            std::num::NonZeroUsize::new(threads).unwrap(),
+            sidecar,
+            drain,
+            async {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(20),
+            proxy::ConnectionLimits::default(),
+        )
+        .await
+        .unwrap();
+    });
+    Running {
+        url: format!("http://{address}"),
+        gate,
+        stop: Some(stop),
+        served,
+    }
+}
+
 /// One engine slot, one queue place.
 pub fn small_gate() -> Gate {
     Gate::new(
