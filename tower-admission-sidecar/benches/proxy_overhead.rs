@@ -25,7 +25,8 @@
 //!    of the proxy's processes per 100,000 chunks, and its resident memory
 //!    per open stream.
 //!
-//! `PROXY_BENCH_QUICK=1` shortens every workload (a smoke run).
+//! `PROXY_BENCH_QUICK=1` shortens every workload (a smoke run);
+//! `PROXY_BENCH_SIDECAR_ARGS="--workers 1"` passes flags to the sidecar.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -150,6 +151,12 @@ async fn run(quick: bool) {
                 outcome = open_loop(&client, setup.address, rate, step).await;
             }
             if !outcome.held() {
+                eprintln!(
+                    "{}: {rate:.0} requests/s not held: {} failed, p99 {}",
+                    setup.name,
+                    outcome.failed,
+                    micros(outcome.p99)
+                );
                 break;
             }
             best = Some((rate, outcome.p99));
@@ -334,8 +341,19 @@ async fn open_loop(
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
             let outcome = tokio::time::timeout(Duration::from_secs(5), async {
-                let response = client.request(request(address, 1, 0)).await.ok()?;
+                let response = match client.request(request(address, 1, 0)).await {
+                    Ok(response) => response,
+                    Err(error) => {
+                        if std::env::var_os("PROXY_BENCH_DEBUG").is_some() {
+                            eprintln!("request failed: {error:?}");
+                        }
+                        return None;
+                    }
+                };
                 if !response.status().is_success() {
+                    if std::env::var_os("PROXY_BENCH_DEBUG").is_some() {
+                        eprintln!("answered {}", response.status());
+                    }
                     return None;
                 }
                 response.into_body().collect().await.ok()?;
@@ -601,6 +619,11 @@ impl Sidecar {
             .args(["--upstream", &format!("http://{engine}")])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--max-num-seqs", "1024"])
+            .args(
+                std::env::var("PROXY_BENCH_SIDECAR_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
