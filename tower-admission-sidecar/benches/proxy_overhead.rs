@@ -26,7 +26,9 @@
 //!    per open stream.
 //!
 //! `PROXY_BENCH_QUICK=1` shortens every workload (a smoke run);
-//! `PROXY_BENCH_SIDECAR_ARGS="--workers 1"` passes flags to the sidecar.
+//! `PROXY_BENCH_SIDECAR_ARGS="--workers 1"` passes flags to the sidecar;
+//! `PROXY_BENCH_BASELINE=path/to/tower-admission` adds a column for another
+//! build of it (a commit before a change), in the same run.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -75,7 +77,11 @@ async fn run(quick: bool) {
     std::fs::create_dir_all(&scratch).expect("a scratch folder");
 
     let nginx = Nginx::start(&scratch, engine);
-    let sidecar = Sidecar::start(engine);
+    let sidecar = Sidecar::start(engine, env!("CARGO_BIN_EXE_tower-admission").as_ref());
+    // Another build of the sidecar beside this one, in the same run (say,
+    // the commit before a change): PROXY_BENCH_BASELINE=path/to/tower-admission.
+    let baseline = std::env::var_os("PROXY_BENCH_BASELINE")
+        .map(|binary| Sidecar::start(engine, Path::new(&binary)));
     let mut setups: Vec<Setup> = vec![Setup {
         name: "direct",
         address: engine,
@@ -88,6 +94,13 @@ async fn run(quick: bool) {
             processes: Some(nginx.child.id()),
         }),
         Err(why) => eprintln!("nginx left out: {why}"),
+    }
+    if let Some(baseline) = &baseline {
+        setups.push(Setup {
+            name: "sidecar (baseline)",
+            address: baseline.address,
+            processes: Some(baseline.child.id()),
+        });
     }
     setups.push(Setup {
         name: "sidecar",
@@ -228,6 +241,7 @@ async fn run(quick: bool) {
     }
     drop(nginx);
     drop(sidecar);
+    drop(baseline);
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
@@ -613,9 +627,9 @@ struct Sidecar {
 impl Sidecar {
     /// The sidecar with its defaults; the engine reports no capacity, so it
     /// is told one large enough for every workload here.
-    fn start(engine: SocketAddr) -> Sidecar {
+    fn start(engine: SocketAddr, binary: &Path) -> Sidecar {
         let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_tower-admission"))
+        let child = Command::new(binary)
             .args(["--upstream", &format!("http://{engine}")])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--max-num-seqs", "1024"])
