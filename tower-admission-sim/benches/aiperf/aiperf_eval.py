@@ -19,7 +19,12 @@ tokenizer for aiperf, and summary tables of several aiperf runs.
         engine queue polled (ARTIFACT_DIR.deferred, one number a line);
         then, per pair of runs after `--` (direct, then through the
         sidecar, at the same load), the sidecar's p50 TTFT difference and
-        throughput ratio.
+        throughput ratio. For every run through a sidecar (its /metrics
+        saved as ARTIFACT_DIR.sidecar.metrics), its goodput_requests_total
+        beside aiperf's good requests, and aiperf's per-request records
+        (profile_export.jsonl) judged by aiperf's rule (TTFT and the mean
+        inter-token latency), by the sidecar's (TTFT and the largest gap
+        between content chunks) and by TTFT alone.
 
     python3 aiperf_eval.py ttft-probe DIRECT_URL SIDECAR_URL N OSL
         One request at a time, alternating direct and through the sidecar,
