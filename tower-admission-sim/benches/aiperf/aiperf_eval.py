@@ -19,7 +19,12 @@ tokenizer for aiperf, and summary tables of several aiperf runs.
         engine queue polled (ARTIFACT_DIR.deferred, one number a line);
         then, per pair of runs after `--` (direct, then through the
         sidecar, at the same load), the sidecar's p50 TTFT difference and
-        throughput ratio.
+        throughput ratio. For every run through a sidecar (its /metrics
+        saved as ARTIFACT_DIR.sidecar.metrics), its goodput_requests_total
+        beside aiperf's good requests, and aiperf's per-request records
+        (profile_export.jsonl) judged by aiperf's rule (TTFT and the mean
+        inter-token latency), by the sidecar's (TTFT and the largest gap
+        between content chunks) and by TTFT alone.
 
     python3 aiperf_eval.py ttft-probe DIRECT_URL SIDECAR_URL N OSL
         One request at a time, alternating direct and through the sidecar,
@@ -213,7 +218,7 @@ def engine_summary(capacity, ttft_ms, itl_ms, runs, pairs):
                 deferred,
             )
         )
-    goodput_counters(runs)
+    goodput_counters(runs, float(ttft_ms), float(itl_ms))
     if not pairs:
         return
     print()
@@ -263,11 +268,63 @@ def counter_sum(text, suffix):
     return total if found else None
 
 
-def goodput_counters(runs):
+def record_ms(metric_value):
+    """A metric of one aiperf record (profile_export.jsonl) in milliseconds:
+    a number, or a list of numbers (inter_chunk_latency); None if absent."""
+    if not isinstance(metric_value, dict) or metric_value.get("value") is None:
+        return None
+    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "sec": 1e3, "s": 1e3}.get(metric_value.get("unit"), 1.0)
+    value = metric_value["value"]
+    if isinstance(value, list):
+        return [v * scale for v in value]
+    return value * scale
+
+
+def record_judgements(directory, ttft_ms, itl_ms):
+    """aiperf's own records of a run judged two ways: as aiperf judges them
+    (TTFT and the request's average inter-token latency), and as the
+    sidecar judges them (TTFT and the largest gap between content chunks,
+    src/metrics/client.rs). None without a per-record export."""
+    paths = sorted(Path(directory).rglob("profile_export.jsonl"))
+    if not paths:
+        return None
+    counts = {"records": 0, "ok": 0, "aiperf_rule": 0, "gap_rule": 0, "ttft_miss": 0,
+              "itl_miss": 0, "gap_miss_only": 0, "ttft_near": 0, "ttft_rule": 0}
+    for line in paths[-1].read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        counts["records"] += 1
+        if record.get("error"):
+            continue
+        metrics = record.get("metrics") or {}
+        ttft = record_ms(metrics.get("time_to_first_token"))
+        itl = record_ms(metrics.get("inter_token_latency"))
+        gaps = record_ms(metrics.get("inter_chunk_latency")) or []
+        if ttft is None:
+            continue
+        counts["ok"] += 1
+        gap = max(gaps) if gaps else 0.0
+        ttft_ok = ttft <= ttft_ms
+        itl_ok = itl is not None and itl <= itl_ms
+        gap_ok = gap <= itl_ms
+        counts["ttft_rule"] += ttft_ok
+        counts["aiperf_rule"] += ttft_ok and itl_ok
+        counts["gap_rule"] += ttft_ok and gap_ok
+        counts["ttft_miss"] += not ttft_ok
+        counts["itl_miss"] += not itl_ok
+        counts["gap_miss_only"] += ttft_ok and itl_ok and not gap_ok
+        counts["ttft_near"] += ttft_ms - 10 < ttft <= ttft_ms + 10
+    return counts
+
+
+def goodput_counters(runs, ttft_ms=None, itl_ms=None):
     """The sidecar's own goodput counter (`goodput_requests_total`, read
     from its /metrics at the end of the run) beside aiperf's count of good
-    requests, for every run through a sidecar (issue 37: within 5%)."""
-    rows = []
+    requests, for every run through a sidecar (issue 37: within 5%); then
+    aiperf's records judged by the sidecar's rule (the largest gap between
+    content chunks within the inter-token objective, not the average)."""
+    rows, judged = [], []
     for run in runs:
         label, _, directory = run.split("|", 2)
         scraped = Path(directory + ".sidecar.metrics")
@@ -283,6 +340,14 @@ def goodput_counters(runs):
             continue
         ratio = "-" if not good else f"{goodput / good:.3f}"
         rows.append(f"| {label} | {good:.0f} | {goodput:.0f} | {ratio} | {ok:.0f} | {finished:.0f} |")
+        counts = None if ttft_ms is None else record_judgements(directory, ttft_ms, itl_ms)
+        if counts:
+            gap_ratio = "-" if not counts["gap_rule"] else f"{goodput / counts['gap_rule']:.3f}"
+            judged.append(
+                f"| {label} | {counts['ok']} | {counts['ttft_rule']} | {counts['aiperf_rule']} | {counts['gap_rule']} "
+                f"| {goodput:.0f} | {gap_ratio} | {counts['ttft_miss']} | {counts['itl_miss']} "
+                f"| {counts['gap_miss_only']} | {counts['ttft_near']} |"
+            )
     if not rows:
         return
     print()
@@ -294,6 +359,26 @@ def goodput_counters(runs):
     )
     print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
+        print(row)
+    if not judged:
+        return
+    print()
+    print(
+        f"aiperf's successful records judged by aiperf's rule (TTFT <= {ttft_ms:g} ms, average "
+        f"inter-token latency <= {itl_ms:g} ms) and by the sidecar's (TTFT <= {ttft_ms:g} ms, "
+        f"largest gap between content chunks <= {itl_ms:g} ms), and by TTFT alone (the rule of a "
+        "sidecar given no inter-token objective); misses by TTFT, by average ITL, "
+        "by the largest gap alone (TTFT and average met); records with TTFT within 10 ms of "
+        "the objective:"
+    )
+    print()
+    print(
+        "| configuration | aiperf ok | TTFT alone | aiperf's rule | sidecar's rule | sidecar counter "
+        "| counter / sidecar's rule | TTFT missed | avg ITL missed | only the largest gap missed "
+        "| TTFT within ±10 ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in judged:
         print(row)
 
 

@@ -42,6 +42,10 @@
 #   --inter-token-objective-ms) beside aiperf's good requests; give the
 #   sidecar the objectives aiperf is given, e.g.
 #     TTFT_MS=300 engine.sh 'slo=--ttft-objective-ms 300 --inter-token-objective-ms 200'
+#   and a third judges aiperf's own per-request records by the sidecar's
+#   rule: aiperf's inter-token latency is a request's mean gap, the
+#   sidecar's objective bounds its largest gap (BENCHMARKS.md, "The
+#   sidecar's goodput counter against aiperf").
 #   Every configuration gets a freshly started llama-server (a direct run at
 #   3x leaves hundreds of requests queued in it) and its own sidecar. vLLM
 #   takes a minute or more to start, so one vLLM serves the whole run: it
@@ -63,7 +67,8 @@
 #   CAPACITY=             requests/s; measured first (step 1) when unset
 #   CAPACITY_DURATION=30  seconds of the capacity run
 #   WARMUP=20 (vllm), 0 (llama)  seconds of a discarded closed-loop run
-#                         before it
+#                         before it (vLLM: also when CAPACITY is given,
+#                         before the first configuration)
 #   ENGINE=llama          llama (llama.cpp's llama-server) or vllm
 #   PARALLEL=4 CTX=8192 THREADS=1
 #                         llama-server --parallel (slots), -c (split across
@@ -367,6 +372,15 @@ if [ -z "${CAPACITY:-}" ]; then
 import json, pathlib, sys
 data = json.loads(next(pathlib.Path(sys.argv[1]).rglob("profile_export_aiperf.json")).read_text())
 print(round(data["request_throughput"]["avg"], 2))' "$OUT/capacity")
+elif [ "$ENGINE" = vllm ] && [ "$WARMUP" != 0 ]; then
+    # CAPACITY given: vLLM is still warmed up before the first configuration
+    # (its first requests are ~25x slower, which would land in that run).
+    start_engine warmup
+    URL=$ENGINE_URL
+    echo "warming $ENGINE_NAME up: $PARALLEL requests in flight for $WARMUP s (discarded)"
+    profile warmup --concurrency "$PARALLEL" --benchmark-duration "$WARMUP" \
+        --benchmark-grace-period 30
+    end_run
 fi
 RATE=$(rate_at "$LOAD")
 echo "capacity $CAPACITY req/s; offered load ${LOAD}x = $RATE req/s (Poisson) for $DURATION s per configuration"
