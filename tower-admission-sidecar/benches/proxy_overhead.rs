@@ -1,7 +1,8 @@
 //! What the sidecar costs on the path of every token, against the reverse
 //! proxy people already put in front of an engine: the same workloads,
 //! in one run, straight to an engine, through nginx as a plain streaming
-//! reverse proxy, and through the sidecar with its defaults.
+//! reverse proxy, through the sidecar with its defaults, and through the
+//! sidecar with threads of its own (`--workers 2`, nginx's shape).
 //!
 //! ```sh
 //! cargo bench -p tower-admission-sidecar --bench proxy_overhead
@@ -82,6 +83,13 @@ async fn run(quick: bool) {
     // the commit before a change): PROXY_BENCH_BASELINE=path/to/tower-admission.
     let baseline = std::env::var_os("PROXY_BENCH_BASELINE")
         .map(|binary| Sidecar::start(engine, Path::new(&binary)));
+    // The sidecar with threads of its own (nginx's shape), beside its
+    // default runtime.
+    let threads = Sidecar::start_with(
+        engine,
+        env!("CARGO_BIN_EXE_tower-admission").as_ref(),
+        &["--workers", "2"],
+    );
     let mut setups: Vec<Setup> = vec![Setup {
         name: "direct",
         address: engine,
@@ -106,6 +114,11 @@ async fn run(quick: bool) {
         name: "sidecar",
         address: sidecar.address,
         processes: Some(sidecar.child.id()),
+    });
+    setups.push(Setup {
+        name: "sidecar --workers 2",
+        address: threads.address,
+        processes: Some(threads.child.id()),
     });
 
     let client = client();
@@ -242,6 +255,7 @@ async fn run(quick: bool) {
     drop(nginx);
     drop(sidecar);
     drop(baseline);
+    drop(threads);
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
@@ -628,6 +642,11 @@ impl Sidecar {
     /// The sidecar with its defaults; the engine reports no capacity, so it
     /// is told one large enough for every workload here.
     fn start(engine: SocketAddr, binary: &Path) -> Sidecar {
+        Sidecar::start_with(engine, binary, &[])
+    }
+
+    /// As [`start`](Sidecar::start), with more flags.
+    fn start_with(engine: SocketAddr, binary: &Path, flags: &[&str]) -> Sidecar {
         let port = free_port();
         let child = Command::new(binary)
             .args(["--upstream", &format!("http://{engine}")])
@@ -638,6 +657,7 @@ impl Sidecar {
                     .unwrap_or_default()
                     .split_whitespace(),
             )
+            .args(flags)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

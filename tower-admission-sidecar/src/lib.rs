@@ -199,15 +199,16 @@
 //!   (llama.cpp closes after each stream) is sent again once on another
 //!   connection, when its body is held whole (read before admission, or
 //!   empty), instead of a `502`.
-//! * **A thread per core** ([`serve_threads`], `--workers`, the number of
-//!   cores by default): each thread runs a single-threaded runtime that
-//!   accepts connections from the one listening socket and serves them to
-//!   their end, with engine connections of its own
+//! * **Threads of its own, on request** ([`serve_threads`], `--workers N`):
+//!   N threads, each running a single-threaded runtime that accepts
+//!   connections from the one listening socket and serves them to their
+//!   end, with engine connections of its own
 //!   ([`Upstream::pool_per_thread`]), nginx's worker shape: a token's way
 //!   from the engine's socket to the client's wakes no other thread. The
-//!   gate and every cap are shared. (Tokio's multi-thread runtime, which
-//!   [`serve`] runs on when you call it there, spent most of its kernel
-//!   time in cross-thread wake-ups at high rates: BENCHMARKS.md.)
+//!   gate and every cap are shared. By default the binary serves on
+//!   Tokio's multi-thread runtime with one engine connection pool; on the
+//!   project's 2-core VM neither shape was clearly cheaper (BENCHMARKS.md,
+//!   "The sidecar against nginx").
 //! * **Credentials** ([`ApiKeys`], `--api-key`, `--api-key-file`): when
 //!   set, every request but the health probes must present a key
 //!   (`Authorization: Bearer`, or `x-api-key`) or is answered `401` before

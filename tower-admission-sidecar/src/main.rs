@@ -113,9 +113,11 @@ struct Args {
     #[arg(long, value_name = "BYTES", allow_negative_numbers = true, default_value = "268435456", value_parser = positive)]
     max_total_request_body_bytes: NonZeroUsize,
 
-    /// Threads serving clients, each with a single-threaded runtime that
-    /// keeps the connections it accepts and their engine connections
-    /// (nginx's worker processes); the number of cores by default.
+    /// Serve clients on N threads of their own, each with a single-threaded
+    /// runtime that keeps the connections it accepts and their engine
+    /// connections (nginx's worker processes), instead of Tokio's
+    /// multi-thread runtime with one shared engine connection pool (the
+    /// default).
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = positive)]
     workers: Option<NonZeroUsize>,
 
@@ -285,10 +287,11 @@ fn init_logging() {
         .init();
 }
 
-// The main thread's runtime runs what is not on a request's way: capacity
+// Clients are served on this runtime, or with --workers on threads of their
+// own; then this runtime runs only what is not on a request's way: capacity
 // discovery, the router view's engine scrapes, a separate metrics listener,
-// the signals. Clients are served by the --workers threads.
-#[tokio::main(flavor = "current_thread")]
+// the signals.
+#[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
     init_logging();
@@ -383,7 +386,10 @@ async fn main() -> ExitCode {
         connect_timeout: args.upstream_connect_timeout_ms,
         response_timeout: (!args.upstream_timeout_s.is_zero()).then_some(args.upstream_timeout_s),
     };
-    let upstream = Upstream::new(args.upstream.clone(), options).pool_per_thread();
+    let mut upstream = Upstream::new(args.upstream.clone(), options);
+    if args.workers.is_some() {
+        upstream = upstream.pool_per_thread();
+    }
     // Estimating costs, the engine token limit follows the engine's KV
     // cache where the engine states it (vLLM's vllm:cache_config_info) and
     // no flag or variable set it: the gate then admits no more prompt plus
@@ -533,9 +539,6 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let workers = args
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
     let address = listener.local_addr().map_or(args.listen, |address| address);
     let limits = gate.limits_in_force().per_rank;
     // Printed at once (stdout is line-buffered): scripts wait for this line.
@@ -579,10 +582,14 @@ async fn main() -> ExitCode {
     );
 
     println!(
-        "connections: served by {workers} threads (--workers); at most {max_connections} open \
+        "connections: served by {}; at most {max_connections} open \
          (open-file limit {}), first head within {} s of accept, idle ones closed after {} s, {} \
          HTTP/2 streams each; {} passthrough requests at once; clients reading nothing cut off \
          after {} s; API keys: {}",
+        args.workers.map_or_else(
+            || "Tokio's multi-thread runtime".to_owned(),
+            |workers| format!("{workers} threads of their own (--workers)")
+        ),
         open_files.map_or_else(|| "unknown".to_owned(), |limit| limit.to_string()),
         args.head_timeout_s.as_secs(),
         args.idle_timeout_s.as_secs(),
@@ -592,19 +599,44 @@ async fn main() -> ExitCode {
         api_keys.as_ref().map_or(0, ApiKeys::len),
     );
 
-    let served = tower_admission_sidecar::serve_threads(
-        listener,
-        workers,
-        sidecar,
-        drain,
-        shutdown_signal(),
-        args.shutdown_grace_s,
-        connection_limits,
-    )
-    .await;
-    if let Err(error) = served {
-        eprintln!("error: cannot start the {workers} serving threads (--workers): {error}");
-        return ExitCode::FAILURE;
+    match args.workers {
+        None => {
+            let listener = listener
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpListener::from_std(listener));
+            let listener = match listener {
+                Ok(listener) => listener,
+                Err(error) => {
+                    eprintln!("error: cannot listen on {}: {error}", args.listen);
+                    return ExitCode::FAILURE;
+                }
+            };
+            tower_admission_sidecar::serve_with(
+                listener,
+                sidecar,
+                drain,
+                shutdown_signal(),
+                args.shutdown_grace_s,
+                connection_limits,
+            )
+            .await;
+        }
+        Some(workers) => {
+            let served = tower_admission_sidecar::serve_threads(
+                listener,
+                workers,
+                sidecar,
+                drain,
+                shutdown_signal(),
+                args.shutdown_grace_s,
+                connection_limits,
+            )
+            .await;
+            if let Err(error) = served {
+                eprintln!("error: cannot start the {workers} serving threads (--workers): {error}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
     eprintln!("stopped");
     ExitCode::SUCCESS

@@ -135,7 +135,7 @@ async fn the_binary_takes_its_capacity_from_the_flag_and_drains_on_sigterm() {
             .then(|| text.to_owned())
     });
     assert!(
-        banner.contains("served by 2 threads (--workers)"),
+        banner.contains("served by 2 threads of their own (--workers)"),
         "{banner}"
     );
     assert!(
