@@ -110,24 +110,21 @@ async fn during_a_burst_the_router_view_serves_vllm_s_waiting_plus_the_gate_s_qu
     );
     // Within one event: the gate's queue is read at the scrape, vLLM's
     // waiting is its last background scrape (50 ms). The scrape reads the
-    // gate twice (its own gauge, then the view's live count): a scrape
-    // that stalled for a core (over 5 ms) spans many events of the burst,
-    // so its two readings are not of one instant and it is not judged.
-    let off: Vec<(f64, f64, f64)> = samples
+    // gate twice (its gauge, then the view's live count): while the burst
+    // arrives (12 requests within a few milliseconds) a scrape can span
+    // many events, so samples are judged from the first whose gauge shows
+    // the queue formed; from then on an event is a request finishing.
+    let formed = samples
         .iter()
-        .filter(|s| s.took <= Duration::from_millis(5))
+        .position(|sample| sample.gate_queue > 0.0)
+        .unwrap_or(samples.len());
+    let judged = &samples[formed..];
+    let off: Vec<(f64, f64, f64)> = judged
+        .iter()
         .filter(|s| (s.served - (s.gate_queue + s.vllm_waiting)).abs() > 1.0)
         .map(|s| (s.served, s.gate_queue, s.vllm_waiting))
         .collect();
-    let judged = samples
-        .iter()
-        .filter(|s| s.took <= Duration::from_millis(5))
-        .count();
-    assert!(
-        judged * 2 >= samples.len(),
-        "{judged} of {} samples judged",
-        samples.len()
-    );
+    let judged = judged.len();
     assert!(
         off.is_empty(),
         "(served, gate queue, vLLM waiting): {off:?}"
@@ -138,7 +135,7 @@ async fn during_a_burst_the_router_view_serves_vllm_s_waiting_plus_the_gate_s_qu
     eprintln!(
         "router view: {} scrapes of the sidecar every 50 ms during a 3x burst on vLLM: \
          p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; served waiting = vLLM's + the gate's \
-         queue at each of the {judged} samples under 5 ms",
+         queue at each of the {judged} samples from the queue's forming",
         took.len(),
         at(0.5).as_secs_f64() * 1e3,
         at(0.99).as_secs_f64() * 1e3,
