@@ -379,7 +379,7 @@
 //! | `client_inter_token_latency_seconds` | histogram | gaps between content chunks after the first token |
 //! | `client_request_duration_seconds` | histogram | arrival to the end of the response |
 //! | `finished_requests_total` | counter | admitted requests whose response ended (completed, failed or cut off) |
-//! | `goodput_requests_total` | counter | those that completed without a 5xx within the TTFT objective, the inter-token objective (`AdmissionConfig::inter_token_objective`) and their own deadline |
+//! | `goodput_requests_total` | counter | those that completed without a 5xx within the TTFT objective, the inter-token objective (`AdmissionConfig::inter_token_objective`, the mean gap between content chunks) and their own deadline |
 //!
 //! Alert on `goodput / finished`. The [`metrics`] module has the rest.
 //!

@@ -401,6 +401,67 @@ async fn goodput_counts_only_the_requests_that_met_every_objective() {
     assert_eq!(worker.gate.snapshot().tally.rejected_worker, 1);
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_inter_token_objective_is_on_the_mean_gap_as_benchmark_clients_judge_it() {
+    let mut worker = Worker::start(config().inter_token_objective(50 * MS)).await;
+    let goodput = |worker: &Worker| {
+        worker
+            .scrape()
+            .value("svc_goodput_requests_total", &[("tenant_class", "other")])
+    };
+    // One stall of 90 ms, but 50 ms a token on average: aiperf's
+    // inter-token latency and vLLM's time per output token are 50 ms.
+    tokens_after(&mut worker, &[90, 10]).await;
+    assert_eq!(goodput(&worker), 1.0, "a mean of 50 ms meets 50 ms");
+    // Every gap near the objective, the mean over it.
+    tokens_after(&mut worker, &[55, 50]).await;
+    assert_eq!(goodput(&worker), 1.0, "a mean of 52.5 ms misses 50 ms");
+    // One token, no gap: nothing to miss.
+    tokens_after(&mut worker, &[]).await;
+    assert_eq!(goodput(&worker), 2.0);
+}
+
+/// One response: a token at once, then one after each gap (ms), then its end.
+async fn tokens_after(worker: &mut Worker, gaps: &[u32]) {
+    let mut response = worker.send(&[]).await;
+    let events = worker.next_started().await;
+    stream(&events, response.body_mut(), TOKEN_CHUNK).await;
+    for &gap in gaps {
+        advance(gap * MS).await;
+        stream(&events, response.body_mut(), TOKEN_CHUNK).await;
+    }
+    finish(events, response.into_body()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_streams_trailers_are_not_content_chunks() {
+    let mut worker = Worker::start(config().inter_token_objective(24 * MS)).await;
+    let mut response = worker.send(&[]).await;
+    let events = worker.next_started().await;
+    stream(&events, response.body_mut(), TOKEN_CHUNK).await;
+    for gap in [20, 30] {
+        advance(gap * MS).await;
+        stream(&events, response.body_mut(), TOKEN_CHUNK).await;
+    }
+    // vLLM's usage chunk (`stream_options.include_usage`) and the end of
+    // the stream, right after the last token.
+    advance(MS).await;
+    let usage = r#"{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#;
+    stream(&events, response.body_mut(), usage).await;
+    stream(&events, response.body_mut(), "[DONE]").await;
+    finish(events, response.into_body()).await;
+
+    let exposition = worker.scrape();
+    let other = [("tenant_class", "other")];
+    let (count, sum) = seconds(&exposition, "inter_token_latency_seconds", &other);
+    assert_eq!(count, 2.0, "the gaps between the three tokens, no trailer");
+    assert!(close(sum, 50 * MS), "{sum}");
+    // The mean gap is 25 ms, over the 24 ms objective; were the trailers
+    // chunks, it would be 51 ms over four gaps.
+    assert_eq!(exposition.value("svc_finished_requests_total", &other), 1.0);
+    assert_eq!(exposition.value("svc_goodput_requests_total", &other), 0.0);
+}
+
 /// The label sets of the five client families, as rendered: histograms by
 /// their `_count` sample.
 fn client_label_sets(exposition: &Exposition) -> BTreeSet<(String, Vec<(String, String)>)> {

@@ -157,9 +157,9 @@ admission_args! {
             pub ttft_objective_ms: Option<NonZeroUsize> as "MS" by engine_limit,
 
             /// Inter-token objective in milliseconds: a finished request counts
-            /// as goodput only if no gap between the content chunks of its
-            /// response was longer (measured, not enforced) [default: off; env:
-            /// DYN_BACKEND_ADMISSION_INTER_TOKEN_OBJECTIVE_MS]
+            /// as goodput only if the mean gap between the content chunks of
+            /// its response was not longer (measured, not enforced) [default:
+            /// off; env: DYN_BACKEND_ADMISSION_INTER_TOKEN_OBJECTIVE_MS]
             pub inter_token_objective_ms: Option<NonZeroUsize> as "MS" by engine_limit,
 
             /// A queued request rises one priority band per this many milliseconds

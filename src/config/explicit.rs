@@ -40,8 +40,8 @@ pub struct ExplicitSettings {
     pub request_queue_wait_limit: Option<Duration>,
     /// The time-to-first-token objective.
     pub ttft_objective: Option<Duration>,
-    /// The inter-token objective (the largest gap between content chunks
-    /// a request may see and still count as goodput).
+    /// The inter-token objective (the mean gap between content chunks a
+    /// request may see and still count as goodput).
     pub inter_token_objective: Option<Duration>,
     /// The queue delay target (controlled delay).
     pub queue_delay_target: Option<Duration>,

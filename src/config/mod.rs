@@ -171,15 +171,19 @@ impl AdmissionConfig {
         /// If `objective` is zero.
         ttft_objective(objective);
 
-        /// Sets the inter-token objective: the longest gap between two
-        /// successive content chunks of a streamed response that still counts
-        /// as good service. It changes no admission decision: it is one of
-        /// the objectives a finished request must meet to count in
+        /// Sets the inter-token objective: the mean gap between successive
+        /// content chunks of a streamed response that still counts as good
+        /// service. It changes no admission decision: it is one of the
+        /// objectives a finished request must meet to count in
         /// `goodput_requests_total` (feature `metrics`, behaviour §6), with
         /// the [time-to-first-token objective](Self::ttft_objective) and the
-        /// request's own deadline. A request meets it when the largest gap
-        /// between the content chunks of its response is at most `objective`.
-        /// Off unless set (then every request meets it).
+        /// request's own deadline. A request meets it when the time from its
+        /// first token to its last content chunk, over the gaps between them,
+        /// is at most `objective`: the per-request inter-token latency of
+        /// benchmark clients (aiperf), or time per output token (vLLM's
+        /// benchmarks), where each chunk is one token. Every gap is still
+        /// recorded in `client_inter_token_latency_seconds`, so stalls show
+        /// there. Off unless set (then every request meets it).
         ///
         /// ```
         /// use std::time::Duration;

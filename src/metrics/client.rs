@@ -202,7 +202,7 @@ impl ClientConfig {
 pub(crate) struct Objectives {
     /// The time-to-first-token objective.
     pub(crate) ttft: Option<Duration>,
-    /// The largest gap between content chunks.
+    /// The mean gap between content chunks after the first token.
     pub(crate) inter_token: Option<Duration>,
     /// The request's own deadline, from its arrival, for its whole response.
     pub(crate) deadline: Option<Duration>,
@@ -214,8 +214,12 @@ pub(crate) struct Outcome {
     /// Arrival to the first content token, or to the end of a response
     /// that ended without one; `None` if it failed or was cut off first.
     pub(crate) ttft: Option<Duration>,
-    /// The largest gap between two successive content chunks.
-    pub(crate) largest_gap: Duration,
+    /// The mean gap between successive content chunks: from the first
+    /// token to the last content chunk, over the gaps between them (zero
+    /// for a response of one chunk or none). Benchmark clients call it the
+    /// inter-token latency of the request (aiperf) or its time per output
+    /// token (vLLM's benchmarks, DistServe's goodput).
+    pub(crate) mean_gap: Duration,
     /// Arrival to the end (or the drop) of the response.
     pub(crate) duration: Duration,
     /// Whether the response reached its end (not an error, not a drop).
@@ -226,9 +230,9 @@ pub(crate) struct Outcome {
 
 impl Objectives {
     /// Whether `outcome` met every objective: it completed without a
-    /// server error, its first token came within the TTFT objective, no gap
-    /// between its content chunks exceeded the inter-token objective, and
-    /// it ended within its deadline.
+    /// server error, its first token came within the TTFT objective, the
+    /// mean gap between its content chunks was within the inter-token
+    /// objective, and it ended within its deadline.
     pub(crate) fn met(&self, outcome: &Outcome) -> bool {
         let within = |measured: Duration, objective: Option<Duration>| {
             objective.is_none_or(|objective| measured <= objective)
@@ -236,7 +240,7 @@ impl Objectives {
         outcome.completed
             && !outcome.server_error
             && outcome.ttft.is_some_and(|ttft| within(ttft, self.ttft))
-            && within(outcome.largest_gap, self.inter_token)
+            && within(outcome.mean_gap, self.inter_token)
             && within(outcome.duration, self.deadline)
     }
 }
@@ -295,9 +299,10 @@ impl Started {
     pub(crate) fn admitted(self) -> Measuring {
         Measuring {
             started: self,
+            first_token: None,
             last_chunk: None,
+            gaps: 0,
             ttft: None,
-            largest_gap: Duration::ZERO,
             server_error: false,
         }
     }
@@ -306,10 +311,13 @@ impl Started {
 /// An admitted request's response, being measured.
 pub(crate) struct Measuring {
     started: Started,
+    /// When the first token passed; `None` before it.
+    first_token: Option<Instant>,
     /// When the latest content chunk passed; `None` before the first token.
     last_chunk: Option<Instant>,
+    /// The gaps measured: content chunks after the first token.
+    gaps: u32,
     ttft: Option<Duration>,
-    largest_gap: Duration,
     server_error: bool,
 }
 
@@ -330,11 +338,12 @@ impl Measuring {
             None => {
                 let ttft = now.saturating_duration_since(self.started.arrived);
                 self.ttft = Some(ttft);
+                self.first_token = Some(now);
                 contain(|| handles.ttft.record(ttft.as_secs_f64()));
             }
             Some(last) => {
                 let gap = now.saturating_duration_since(last);
-                self.largest_gap = self.largest_gap.max(gap);
+                self.gaps = self.gaps.saturating_add(1);
                 contain(|| handles.inter_token.record(gap.as_secs_f64()));
             }
         }
@@ -354,9 +363,15 @@ impl Measuring {
             self.ttft = Some(duration);
             contain(|| handles.ttft.record(duration.as_secs_f64()));
         }
+        let mean_gap = match (self.first_token, self.last_chunk) {
+            (Some(first), Some(last)) if self.gaps > 0 => {
+                last.saturating_duration_since(first) / self.gaps
+            }
+            _ => Duration::ZERO,
+        };
         let outcome = Outcome {
             ttft: self.ttft,
-            largest_gap: self.largest_gap,
+            mean_gap,
             duration,
             completed,
             server_error: self.server_error,
@@ -381,7 +396,7 @@ mod tests {
     fn good() -> Outcome {
         Outcome {
             ttft: Some(100 * MS),
-            largest_gap: 20 * MS,
+            mean_gap: 20 * MS,
             duration: 500 * MS,
             completed: true,
             server_error: false,
@@ -415,7 +430,7 @@ mod tests {
             ..good()
         };
         let long_gap = Outcome {
-            largest_gap: 21 * MS,
+            mean_gap: 21 * MS,
             ..good()
         };
         let past_deadline = Outcome {

@@ -106,7 +106,7 @@
 //! | suffix | type | meaning |
 //! |---|---|---|
 //! | `client_time_to_first_token_seconds` | histogram | arrival to the data frame with the first generated token (as the detector sees it; after [`FirstToken::mark`](crate::http::FirstToken::mark), the first non-empty frame), or to the end of a response completed without one |
-//! | `client_inter_token_latency_seconds` | histogram | the gap before each content chunk after the first token (every non-empty data frame from then on is one) |
+//! | `client_inter_token_latency_seconds` | histogram | the gap before each content chunk after the first token (every non-empty data frame from then on is one, but an event stream's `data: [DONE]` and usage-only chunk, `"choices": []`) |
 //! | `client_request_duration_seconds` | histogram | arrival to the end of the response: completed, failed or dropped |
 //! | `finished_requests_total` | counter | admitted requests whose response ended, however it ended |
 //! | `goodput_requests_total` | counter | finished requests that met every objective |
@@ -114,8 +114,10 @@
 //! A request met its objectives when its response completed (no body
 //! error, not dropped before its end) with a status below 500, its time to
 //! first token is at most
-//! [`ttft_objective`](crate::AdmissionConfig::ttft_objective), the largest
-//! gap between its content chunks at most
+//! [`ttft_objective`](crate::AdmissionConfig::ttft_objective), the mean
+//! gap between its content chunks (from the first token to the last
+//! content chunk, over the gaps between them: a benchmark client's
+//! per-request inter-token latency, or time per output token) at most
 //! [`inter_token_objective`](crate::AdmissionConfig::inter_token_objective),
 //! and its duration at most its own
 //! [deadline](crate::Descriptor::deadline); an objective not set is met.

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::client::Measure;
+use super::client::{Measure, carries_content};
 use super::first_token::Held;
 use crate::detect::{Auto, FirstTokenDetector};
 
@@ -34,8 +34,9 @@ pin_project! {
     ///
     /// With feature `metrics`, it also measures the client's view of the
     /// response (see the [`metrics`](crate::metrics) module): the first
-    /// content token, the gap before each later non-empty data frame, and
-    /// the end.
+    /// content token, the gap before each later content chunk (every
+    /// non-empty data frame but an event stream's `[DONE]` and usage-only
+    /// trailers), and the end.
     ///
     /// For a rejected request it is the overload answer's body.
     pub struct ResponseBody<B, D = Auto> {
@@ -141,9 +142,13 @@ where
                                 if detector.is_some() {
                                     watch(detector, holding, data);
                                 }
-                                // The client's view: every non-empty frame
-                                // from the first token on is a content chunk.
-                                if measure.is_on() && !data.is_empty() && holding.waiting_over() {
+                                // The client's view: from the first token
+                                // on, every frame but the stream's trailers
+                                // is a content chunk.
+                                if measure.is_on()
+                                    && holding.waiting_over()
+                                    && carries_content(data)
+                                {
                                     measure.chunk();
                                 }
                             }

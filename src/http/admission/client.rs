@@ -116,3 +116,74 @@ impl Drop for Measure {
         self.end(false);
     }
 }
+
+/// Whether a data frame after the first token is a content chunk
+/// (behaviour §6). An event stream's trailers are not: `data: [DONE]`, and
+/// an OpenAI chunk whose `choices` list is empty (the usage chunk of
+/// `stream_options.include_usage`), which the engine writes right after the
+/// last token. A frame that holds a trailer and a choice (written at once)
+/// is one; so is any frame of another format. Looks at each `[` of the
+/// frame once; allocates nothing.
+pub(crate) fn carries_content(frame: &[u8]) -> bool {
+    let mut trailer = false;
+    let mut from = 0;
+    while let Some(found) = frame[from..].iter().position(|&byte| byte == b'[') {
+        let at = from + found;
+        let after = &frame[at + 1..];
+        if after.starts_with(b"DONE]") {
+            trailer = true;
+        } else if names_choices(&frame[..at]) {
+            if after.trim_ascii_start().starts_with(b"]") {
+                trailer = true;
+            } else {
+                return true;
+            }
+        }
+        from = at + 1;
+    }
+    !trailer && !frame.is_empty()
+}
+
+/// Whether the bytes before a `[` end with the member name `"choices":`.
+fn names_choices(before: &[u8]) -> bool {
+    before
+        .trim_ascii_end()
+        .strip_suffix(b":")
+        .is_some_and(|name| name.trim_ascii_end().ends_with(b"\"choices\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carries_content;
+
+    #[test]
+    fn tokens_are_content_and_the_openai_trailers_are_not() {
+        let token = br#"data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#;
+        assert!(carries_content(token));
+        assert!(carries_content(
+            b"data: {\"choices\": [ {\"text\":\"a\"}]}\n\n"
+        ));
+        assert!(!carries_content(b"data: [DONE]\n\n"));
+        let usage = br#"data: {"id":"c","choices":[],"usage":{"prompt_tokens":3}}"#;
+        assert!(!carries_content(usage));
+        assert!(!carries_content(
+            b"data: {\"choices\" : [ ] }\n\ndata: [DONE]\n\n"
+        ));
+        assert!(!carries_content(b""));
+    }
+
+    #[test]
+    fn a_token_written_with_the_trailers_is_content() {
+        let all = b"data: {\"choices\":[{\"delta\":{\"content\":\"!\"}}]}\n\n\
+                    data: {\"choices\":[],\"usage\":{}}\n\ndata: [DONE]\n\n";
+        assert!(carries_content(all));
+    }
+
+    #[test]
+    fn other_formats_are_content_whatever_their_brackets() {
+        assert!(carries_content(b"data: {\"token\":{\"text\":\"[\"}}\n\n"));
+        assert!(carries_content(b"data: {\"ids\":[1,2],\"list\":[]}\n\n"));
+        assert!(carries_content(b"[[[[["));
+        assert!(carries_content(b"\x00\x00\x00\x00\x05hello"));
+    }
+}

@@ -43,9 +43,9 @@
 #   sidecar the objectives aiperf is given, e.g.
 #     TTFT_MS=300 engine.sh 'slo=--ttft-objective-ms 300 --inter-token-objective-ms 200'
 #   and a third judges aiperf's own per-request records by the sidecar's
-#   rule: aiperf's inter-token latency is a request's mean gap, the
-#   sidecar's objective bounds its largest gap (BENCHMARKS.md, "The
-#   sidecar's goodput counter against aiperf").
+#   rule: both judge a request's mean gap, aiperf over its output tokens
+#   (by its tokenizer), the sidecar over its content chunks (BENCHMARKS.md,
+#   "The sidecar's goodput counter against aiperf").
 #   Every configuration gets a freshly started llama-server (a direct run at
 #   3x leaves hundreds of requests queued in it) and its own sidecar. vLLM
 #   takes a minute or more to start, so one vLLM serves the whole run: it
