@@ -214,9 +214,11 @@
 //!   (`Authorization: Bearer`, or `x-api-key`) or is answered `401` before
 //!   the gate, so a client without a key takes no queue place. Keys are
 //!   never logged. With `--tenant-from-api-key`
-//!   ([`SidecarBuilder::tenant_from_api_key`]) each key, hashed with a
-//!   per-process seed, is its own tenant for fair queueing, so one key
-//!   cannot take everyone's queue.
+//!   ([`SidecarBuilder::tenant_from_api_key`]) each key is a tenant for
+//!   fair queueing, so one key cannot take everyone's queue: the tenant
+//!   its line of `--api-key-file` names (`TENANT KEY`, [`ApiKeys::named`]),
+//!   whose per-tenant limits, weights and metric labels then apply, else
+//!   the key hashed with a per-process seed.
 //! * **Metrics apart** ([`serve_metrics`], `--metrics-listen`): `GET
 //!   /metrics` on an address of its own, for the scraper only; the proxy's
 //!   address then forwards `/metrics` to the engine like any other route.
@@ -246,7 +248,7 @@ mod serve;
 mod service;
 mod upstream;
 
-pub use self::auth::ApiKeys;
+pub use self::auth::{ApiKeys, InvalidTenantName};
 pub use self::body::{Body, BoxError};
 pub use self::capacity::{DiscoveryTiming, EngineKind, EngineReport};
 pub use self::intake::{

@@ -162,13 +162,17 @@ struct Args {
     )]
     api_keys: Vec<String>,
 
-    /// Make each API key its own tenant for fair queueing (the key hashed,
-    /// never logged), so one key cannot take everyone's queue.
+    /// Make each API key a tenant for fair queueing, so one key cannot take
+    /// everyone's queue: the tenant its line of --api-key-file names, so
+    /// that --tenant-limit and --tenant-weight by that name apply, else its
+    /// own (the key hashed, never logged).
     #[arg(long)]
     tenant_from_api_key: bool,
 
-    /// A file of API keys, one a line (blank lines and lines starting with
-    /// # ignored), as --api-key.
+    /// A file of API keys, one a line, as --api-key: KEY, or TENANT KEY (a
+    /// tenant name, whitespace, the key) for a key that stands for a named
+    /// tenant with --tenant-from-api-key. Blank lines and lines starting
+    /// with # are ignored.
     #[arg(long, value_name = "PATH")]
     api_key_file: Option<std::path::PathBuf>,
 
@@ -317,25 +321,16 @@ async fn main() -> ExitCode {
         u32::try_from(args.max_concurrent_streams.get()).unwrap_or(u32::MAX),
     )
     .slow_reader_timeout(args.slow_reader_timeout_s);
-    let mut keys = args.api_keys.clone();
+    let mut api_keys = (!args.api_keys.is_empty()).then(|| ApiKeys::new(&args.api_keys));
     if let Some(path) = &args.api_key_file {
-        match std::fs::read_to_string(path) {
-            Ok(text) => keys.extend(
-                text.lines()
-                    .map(str::trim)
-                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
-                    .map(str::to_owned),
-            ),
+        match read_api_key_file(path) {
+            Ok(keys) => api_keys = Some(api_keys.map_or(keys.clone(), |flags| flags.and(keys))),
             Err(error) => {
-                eprintln!(
-                    "error: cannot read --api-key-file {}: {error}",
-                    path.display()
-                );
+                eprintln!("error: --api-key-file {}: {error}", path.display());
                 return ExitCode::FAILURE;
             }
         }
     }
-    let api_keys = (!keys.is_empty() || args.api_key_file.is_some()).then(|| ApiKeys::new(&keys));
     if args.tenant_from_api_key && api_keys.is_none() {
         eprintln!("error: --tenant-from-api-key needs --api-key or --api-key-file");
         return ExitCode::FAILURE;
@@ -662,4 +657,33 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
+}
+
+/// The keys of an `--api-key-file`: a line holds `KEY`, or `TENANT KEY`;
+/// blank lines and `#` comments are skipped. An error names the line, never
+/// a key.
+fn read_api_key_file(path: &std::path::Path) -> Result<ApiKeys, String> {
+    let text = std::fs::read_to_string(path).map_err(|error| format!("cannot read it: {error}"))?;
+    let mut plain = Vec::new();
+    let mut named = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields[..] {
+            [key] => plain.push(key),
+            [tenant, key] => named.push((tenant, key)),
+            _ => {
+                return Err(format!(
+                    "line {}: expected KEY or TENANT KEY, found {} fields",
+                    number + 1,
+                    fields.len()
+                ));
+            }
+        }
+    }
+    let named = ApiKeys::named(named).map_err(|error| error.to_string())?;
+    Ok(ApiKeys::new(plain).and(named))
 }

@@ -154,9 +154,13 @@ fn the_binary_reads_keys_from_flags_and_a_file_and_never_prints_them() {
 }
 
 async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    get_with(address, path, "").await
+}
+
+async fn get_with(address: std::net::SocketAddr, path: &str, headers: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{headers}\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = String::new();
     patiently(stream.read_to_string(&mut answer)).await.unwrap();
@@ -299,4 +303,110 @@ async fn with_a_tenant_per_key_one_key_cannot_take_everyone_s_queue() {
         ],
         "{fifo:?}"
     );
+}
+
+/// The sidecar binary with `args` in front of `engine`, and its address.
+fn spawn_binary(args: &[&str]) -> (tower_admission_testkit::Process, std::net::SocketAddr) {
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_tower-admission"));
+    let sidecar = tower_admission_testkit::Process::spawn(binary, args, &[]);
+    sidecar.wait_for_stdout("the limits", |text| {
+        text.lines()
+            .find(|line| line.starts_with("connections:"))
+            .map(drop)
+    });
+    let address = sidecar
+        .listening_url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    (sidecar, address)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_file_names_tenants_so_their_limits_apply_to_their_keys() {
+    let engine = recording_engine().await;
+    let dir = std::env::temp_dir().join(format!("named-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys");
+    std::fs::write(
+        &file,
+        "# tenant key\nacme k-acme-1\nacme\tk-acme-2\nk-anonymous\n",
+    )
+    .unwrap();
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        engine.url.as_str(),
+        "--max-num-seqs",
+        "8",
+        "--api-key-file",
+        file.to_str().unwrap(),
+        "--tenant-from-api-key",
+        "--tenant-limit",
+        "acme=1::0",
+    ];
+    let (sidecar, address) = tokio::task::block_in_place(|| spawn_binary(&args));
+    let chat = |key: &str| {
+        let header = format!("authorization: Bearer {key}\r\n");
+        async move { post_raw_with(address, "/v1/chat/completions", &header, CHAT).await }
+    };
+    // acme's first key takes acme's one engine slot (the engine holds the
+    // stream open); its second key is acme too: no queue place, 429.
+    let (status, head, _held) = chat("k-acme-1").await;
+    assert_eq!(status, 200, "{head}");
+    let (status, head, _) = chat("k-acme-2").await;
+    assert_eq!(status, 429, "{head}");
+    assert!(
+        head.contains("x-admission-rejection-reason: tenant_limit"),
+        "{head}"
+    );
+    assert!(
+        head.contains("x-admission-rejection-scope: tenant"),
+        "{head}"
+    );
+    // A key without a name is a tenant of its own, not bound by acme's limit.
+    let (status, head, _held_too) = chat("k-anonymous").await;
+    assert_eq!(status, 200, "{head}");
+    let (status, metrics) =
+        get_with(address, "/metrics", "authorization: Bearer k-anonymous\r\n").await;
+    sidecar.terminate();
+    assert_eq!(status, 200);
+    // The rejection is acme's, by name, in the client view's label.
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.contains("tenant_class=\"acme\"") && !line.starts_with('#')),
+        "{metrics}"
+    );
+    let said = format!("{}{}", sidecar.stdout(), sidecar.stderr());
+    for key in ["k-acme-1", "k-acme-2", "k-anonymous"] {
+        assert!(!said.contains(key), "{key} printed:\n{said}");
+    }
+
+    // A line the sidecar cannot read stops it, naming the line, not the key.
+    std::fs::write(&file, "acme k-acme-1\nacme k-acme-2 extra\n").unwrap();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_tower-admission"));
+    let refused = std::process::Command::new(binary)
+        .args(["--upstream", "http://127.0.0.1:1", "--max-num-seqs", "2"])
+        .args(["--api-key-file", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        error.contains("line 2: expected KEY or TENANT KEY, found 3 fields"),
+        "{error}"
+    );
+    assert!(!error.contains("k-acme"), "{error}");
+    std::fs::write(&file, format!("{} k\n", "t".repeat(257))).unwrap();
+    let refused = std::process::Command::new(binary)
+        .args(["--upstream", "http://127.0.0.1:1", "--max-num-seqs", "2"])
+        .args(["--api-key-file", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(error.contains("invalid tenant name"), "{error}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
