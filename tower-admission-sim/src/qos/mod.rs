@@ -40,7 +40,7 @@ use super::config::EngineConfig;
 use super::measure::{Percentile, Slo};
 use super::time;
 use super::workload::Lengths;
-use tower_admission::{AdmissionConfig, RejectionReason};
+use tower_admission::{AdmissionConfig, RejectionReason, TenantLimits};
 
 pub use self::simulate::run;
 
@@ -134,6 +134,9 @@ impl Policy {
                 }
                 if let Some(n) = config.tenant_queue_limit {
                     gate = gate.tenant_queue_limit(n);
+                }
+                for &(tenant, limits) in &config.tenant_overrides {
+                    gate = gate.tenant_limits(tenant, limits);
                 }
                 if let Some(objective) = config.ttft_objective {
                     gate = gate.ttft_objective(objective);
@@ -311,6 +314,10 @@ pub struct QosConfig {
     /// The queue limit of every tenant under [`Policy::GateTenantLimits`]
     /// (off when `None`).
     pub tenant_queue_limit: Option<usize>,
+    /// Limits of tenants by name under [`Policy::GateTenantLimits`], over
+    /// the ones for every tenant (a limit an override leaves unset is the
+    /// default's).
+    pub tenant_overrides: Vec<(&'static str, TenantLimits)>,
     /// The gate's TTFT objective under [`Policy::GateTenantLimits`] (off
     /// when `None`).
     pub ttft_objective: Option<Duration>,
@@ -346,6 +353,7 @@ impl QosConfig {
             tenant_request_limit: None,
             tenant_token_limit: None,
             tenant_queue_limit: None,
+            tenant_overrides: Vec::new(),
             ttft_objective: None,
             record_until: Duration::from_secs(90),
             drain: Duration::from_secs(120),
