@@ -241,7 +241,14 @@ async fn start(kit: &Kit, extra: &[String]) -> Result<Engine, String> {
     let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("vllm-{port}.log"));
     let model = kit.model.to_str().unwrap();
     let port_text = port.to_string();
-    let mut args: Vec<&str> = vec![kit.vllm.to_str().unwrap(), "serve", model];
+    // VLLM_TEST_CPUS=LIST runs vLLM on those cores only (`taskset -c`),
+    // for measurements where the engine has cores of its own.
+    let cpus = std::env::var("VLLM_TEST_CPUS").ok();
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(cpus) = cpus.as_deref() {
+        args.extend(["taskset", "-c", cpus]);
+    }
+    args.extend([kit.vllm.to_str().unwrap(), "serve", model]);
     args.extend(BASE_FLAGS);
     args.extend(["--host", "127.0.0.1", "--port", &port_text]);
     args.extend(extra.iter().map(String::as_str));
