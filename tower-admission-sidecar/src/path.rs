@@ -81,15 +81,17 @@ impl Routes {
         if *req.method() != Method::POST {
             return Ok(false);
         }
-        let path = normalise_path(req.uri().path()).map_err(|refusal| {
+        // Most paths are normal already, and sent as they came: decided on
+        // as they are, with nothing allocated.
+        let raw = req.uri().path();
+        if is_normal(raw) {
+            return Ok(self.admits_path(raw));
+        }
+        let path = normalise_path(raw).map_err(|refusal| {
             tracing::debug!("refused a request path: {refusal}");
             Unroutable(refusal.to_string())
         })?;
-        let admitted = self
-            .admit
-            .iter()
-            .any(|admit| admit.eq_ignore_ascii_case(&path))
-            || !self.pass.contains(&path);
+        let admitted = self.admits_path(&path);
         let forwarded = match req.uri().query() {
             Some(query) => format!("{}?{query}", encode(&path)),
             None => encode(&path),
@@ -100,6 +102,54 @@ impl Routes {
         *req.uri_mut() = Uri::from_parts(parts).map_err(|error| Unroutable(error.to_string()))?;
         Ok(admitted)
     }
+
+    /// Whether a normalised path passes the gate.
+    fn admits_path(&self, path: &str) -> bool {
+        self.admit
+            .iter()
+            .any(|admit| admit.eq_ignore_ascii_case(path))
+            || !self.pass.iter().any(|pass| pass == path)
+    }
+}
+
+/// Whether `raw` is its own normal form, sent as it is: `/` and then
+/// segments of bytes [`encode`] leaves plain (no `%`, so nothing to
+/// decode), none empty (no `//`, no trailing `/`), `.` or `..`. Then
+/// `encode(&normalise_path(raw)?) == raw`.
+fn is_normal(raw: &str) -> bool {
+    if raw == "/" {
+        return true;
+    }
+    let Some(rest) = raw.strip_prefix('/') else {
+        return false;
+    };
+    rest.split('/')
+        .all(|segment| !matches!(segment, "" | "." | "..") && segment.bytes().all(plain))
+}
+
+/// A byte of RFC 3986's `pchar` that needs no escape (unreserved,
+/// sub-delims, `:` and `@`).
+fn plain(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric()
+        || matches!(
+            byte,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+                | b':'
+                | b'@'
+        )
 }
 
 /// A request whose path cannot be normalised safely: answered `400`
@@ -206,28 +256,7 @@ fn hex(byte: u8) -> Option<u8> {
 fn encode(path: &str) -> String {
     let mut encoded = String::with_capacity(path.len());
     for &byte in path.as_bytes() {
-        let plain = byte.is_ascii_alphanumeric()
-            || matches!(
-                byte,
-                b'/' | b'-'
-                    | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b':'
-                    | b'@'
-            );
-        if plain {
+        if byte == b'/' || plain(byte) {
             encoded.push(byte as char);
         } else {
             encoded.push_str(&format!("%{byte:02X}"));
@@ -239,6 +268,49 @@ fn encode(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_taken_as_normal_is_what_normalising_and_escaping_give() {
+        for normal in [
+            "/",
+            "/v1/chat/completions",
+            "/a/b.c/~d:e@f",
+            "/v1/x!$&'()*+,;=",
+        ] {
+            assert!(is_normal(normal), "{normal}");
+        }
+        for not in [
+            "", "v1", "//v1", "/v1/", "/v1//x", "/./v1", "/v1/..", "/v1/%63", "/v1 x", "/é",
+        ] {
+            assert!(!is_normal(not), "{not}");
+        }
+        // Every path of a small alphabet, up to five bytes: where the fast
+        // path takes one, the slow path forwards it unchanged.
+        let alphabet = [b'/', b'.', b'a', b'%', b'6', b'3', b'~', b' '];
+        let mut paths = vec![Vec::new()];
+        for _ in 0..5 {
+            let longer: Vec<Vec<u8>> = paths
+                .iter()
+                .flat_map(|path| {
+                    alphabet.iter().map(move |&byte| {
+                        let mut path = path.clone();
+                        path.push(byte);
+                        path
+                    })
+                })
+                .collect();
+            paths.extend(longer);
+        }
+        let mut normal = 0;
+        for path in paths {
+            let path = String::from_utf8(path).unwrap();
+            if is_normal(&path) {
+                normal += 1;
+                assert_eq!(encode(&normalise_path(&path).unwrap()), path);
+            }
+        }
+        assert!(normal > 100, "{normal}");
+    }
 
     #[test]
     fn spellings_of_one_route_normalise_to_it() {

@@ -29,6 +29,8 @@ use tower_admission::http::ORIGIN;
 pub struct UpstreamUrl {
     authority: Authority,
     prefix: String,
+    /// `Host` for the engine: made once, shared by every request.
+    host: HeaderValue,
 }
 
 impl UpstreamUrl {
@@ -63,13 +65,34 @@ impl UpstreamUrl {
             ));
         }
         let prefix = uri.path().trim_end_matches('/').to_owned();
-        Ok(UpstreamUrl { authority, prefix })
+        let host = HeaderValue::from_str(authority.as_str())
+            .expect("an authority is a valid header value");
+        Ok(UpstreamUrl {
+            authority,
+            prefix,
+            host,
+        })
     }
 
     /// The engine's URL for a request's path and query.
     pub fn join(&self, path_and_query: &str) -> Result<Uri, http::Error> {
         let joined = format!("{}{}", self.prefix, path_and_query);
         let path: PathAndQuery = joined.parse()?;
+        self.with_path(path)
+    }
+
+    /// The engine's URL for a request's URI: its path and query, moved
+    /// over as they are when the base URL has no path (nothing parsed,
+    /// nothing copied).
+    fn join_uri(&self, uri: Uri) -> Result<Uri, http::Error> {
+        let path = uri.into_parts().path_and_query;
+        match path {
+            Some(path) if self.prefix.is_empty() => self.with_path(path),
+            path => self.join(path.as_ref().map_or("/", PathAndQuery::as_str)),
+        }
+    }
+
+    fn with_path(&self, path: PathAndQuery) -> Result<Uri, http::Error> {
         Uri::builder()
             .scheme(Scheme::HTTP)
             .authority(self.authority.clone())
@@ -216,12 +239,9 @@ impl Upstream {
 
     fn prepare(&self, req: Request<Body>) -> Result<Request<Body>, http::Error> {
         let (mut parts, body) = req.into_parts();
-        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        parts.uri = self.url.join(path)?;
+        parts.uri = self.url.join_uri(std::mem::take(&mut parts.uri))?;
         remove_hop_by_hop(&mut parts.headers);
-        let host = HeaderValue::from_str(self.url.authority().as_str())
-            .expect("an authority is a valid header value");
-        parts.headers.insert(header::HOST, host);
+        parts.headers.insert(header::HOST, self.url.host.clone());
         if self.options.h2c {
             // HTTP/2 has no Host header: the authority is in the URI.
             parts.headers.remove(header::HOST);
@@ -289,14 +309,28 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    // One pass over the (few) names: most messages hold at most one of
+    // these, and a map without them is left alone.
+    if !headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(name) || name == header::TE)
+    {
+        return;
+    }
+    // The headers `Connection` names; nothing allocated without one.
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in &named {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
     // `te: trailers` is end to end in practice (gRPC needs it); any other
@@ -510,6 +544,27 @@ mod tests {
             prefixed.join("/v1/models").unwrap(),
             "http://engine:8000/api/v1/models"
         );
+        // A request's URI, as the server read it (origin or absolute form),
+        // becomes the engine's: moved over without a prefix, joined with one.
+        for (request, engine) in [
+            (
+                "/v1/chat/completions?x=1",
+                "http://127.0.0.1:8080/v1/chat/completions?x=1",
+            ),
+            (
+                "http://sidecar:9/v1/models",
+                "http://127.0.0.1:8080/v1/models",
+            ),
+        ] {
+            let uri: Uri = request.parse().unwrap();
+            assert_eq!(url.join_uri(uri).unwrap(), engine, "{request}");
+        }
+        let uri: Uri = "/v1/models?x=1".parse().unwrap();
+        assert_eq!(
+            prefixed.join_uri(uri).unwrap(),
+            "http://engine:8000/api/v1/models?x=1"
+        );
+        assert_eq!(url.host, "127.0.0.1:8080");
         for bad in ["https://engine", "engine:8000", "http://engine/?q=1", ""] {
             let error = UpstreamUrl::parse(bad).unwrap_err();
             assert!(error.contains("upstream URL"), "{bad}: {error}");
