@@ -64,8 +64,16 @@ port, n = int(sys.argv[1]), int(sys.argv[2])
 body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 for _ in range(n):
-    c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
-    r = c.getresponse(); r.read()
+    for attempt in range(2):
+        try:
+            c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+            r = c.getresponse(); r.read()
+            break
+        except (http.client.RemoteDisconnected, ConnectionError):
+            # A keep-alive connection the proxy closed: a new one, once.
+            c.close()
+            if attempt:
+                raise
     if r.status != 200:
         sys.exit(f"status {r.status}")
 PY
