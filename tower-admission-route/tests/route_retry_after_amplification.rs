@@ -151,10 +151,12 @@ async fn retry_after_from_the_drain_rate_sends_less_for_the_same_goodput() {
         drain.amplification(),
         fixed.amplification()
     );
-    // The retries' jitter is random (tower's HasherRng), so the figures
-    // move by a few percent from run to run.
+    // The retries' jitter is random (tower's HasherRng, seeded per
+    // request), so the drain-rate figure moves from run to run: 0.90-0.97
+    // of the fixed one's in 13 runs (2026-12-07; a clean CI run failed a
+    // bound of 0.9 at 0.899).
     assert!(
-        drain.goodput() >= 0.9 * fixed.goodput(),
+        drain.goodput() >= 0.85 * fixed.goodput(),
         "drain rate {:.2} req/s, fixed {:.2}",
         drain.goodput(),
         fixed.goodput()
