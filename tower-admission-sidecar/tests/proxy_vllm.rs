@@ -622,7 +622,12 @@ mod two_ranks {
             .collect();
         let mut streams = Vec::new();
         for handle in sent {
-            streams.push(within(handle).await.unwrap());
+            let first_token = tokio::time::timeout(FIRST_TOKEN_PATIENCE, handle).await;
+            streams.push(
+                first_token
+                    .expect("no first token within the patience")
+                    .unwrap(),
+            );
         }
         let gate = rig.gate().await;
         assert_eq!(

@@ -122,16 +122,22 @@ fn is_error(event: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(event).is_ok_and(|json| json.get("error").is_some())
 }
 
+/// How long a request sent to a busy vLLM may take to its first token.
+const FIRST_TOKEN_PATIENCE: Duration = Duration::from_secs(60);
+
 /// Sends a streamed chat and reads it until its first generated text:
 /// the request is running in vLLM. Panics on any other answer.
 async fn running_stream(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Sse {
     let response = post(client, url, &chat(LONG, true), headers).await;
     let status = response.status();
     assert_eq!(status, 200, "{:?}", within(response.text()).await);
-    let mut sse = Sse::new(response);
+    // A first token can wait long for a core: with two ranks, two busy
+    // engine processes and the API server share the 2 cores (a clean CI
+    // run saw a stream without an event for 20 s).
+    let mut sse = Sse::new(response).patience(FIRST_TOKEN_PATIENCE);
     loop {
         match sse.next().await {
-            Some(event) if has_content(&event) => return sse,
+            Some(event) if has_content(&event) => return sse.patience(PATIENCE),
             Some(event) => assert!(!is_error(&event), "an error event: {event}"),
             None => panic!("the stream ended before any text"),
         }
