@@ -385,28 +385,24 @@ async fn a_key_file_names_tenants_so_their_limits_apply_to_their_keys() {
     }
 
     // A line the sidecar cannot read stops it, naming the line, not the key.
-    std::fs::write(&file, "acme k-acme-1\nacme k-acme-2 extra\n").unwrap();
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_tower-admission"));
-    let refused = std::process::Command::new(binary)
-        .args(["--upstream", "http://127.0.0.1:1", "--max-num-seqs", "2"])
-        .args(["--api-key-file", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let error = String::from_utf8_lossy(&refused.stderr);
+    let refusal = |keys: &str| {
+        std::fs::write(&file, keys).unwrap();
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_tower-admission"));
+        let refused = std::process::Command::new(binary)
+            .args(["--upstream", "http://127.0.0.1:1", "--max-num-seqs", "2"])
+            .args(["--api-key-file", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!refused.status.success());
+        String::from_utf8_lossy(&refused.stderr).into_owned()
+    };
+    let error = refusal("acme k-acme-1\nacme k-acme-2 extra\n");
     assert!(
         error.contains("line 2: expected KEY or TENANT KEY, found 3 fields"),
         "{error}"
     );
     assert!(!error.contains("k-acme"), "{error}");
-    std::fs::write(&file, format!("{} k\n", "t".repeat(257))).unwrap();
-    let refused = std::process::Command::new(binary)
-        .args(["--upstream", "http://127.0.0.1:1", "--max-num-seqs", "2"])
-        .args(["--api-key-file", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let error = String::from_utf8_lossy(&refused.stderr);
+    let error = refusal(&format!("{} k\n", "t".repeat(257)));
     assert!(error.contains("invalid tenant name"), "{error}");
     let _ = std::fs::remove_dir_all(&dir);
 }
