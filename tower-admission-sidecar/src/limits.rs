@@ -185,8 +185,15 @@ pub(crate) struct Holding<G> {
 }
 
 impl<G: Send + Unpin + 'static> Holding<G> {
+    /// `response`, its body holding `held`.
+    pub(crate) fn around(response: Response<Body>, held: G) -> Response<Holding<G>> {
+        response.map(|body| Holding { body, _held: held })
+    }
+
+    /// The same, as a [`Body`] (boxed once more: where the type must be
+    /// the sidecar's one body).
     pub(crate) fn wrap(response: Response<Body>, held: G) -> Response<Body> {
-        response.map(|body| Body::new(Holding { body, _held: held }))
+        Holding::around(response, held).map(Body::new)
     }
 }
 

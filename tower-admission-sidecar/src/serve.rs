@@ -232,7 +232,8 @@ impl Acceptor {
                 let response = sidecar.clone().call(req);
                 async move {
                     let Ok(response) = response.await;
-                    Ok::<_, Infallible>(Holding::wrap(response, in_progress))
+                    // Served as it is: no box around the box per frame.
+                    Ok::<_, Infallible>(Holding::around(response, in_progress))
                 }
             })
         };
@@ -241,22 +242,38 @@ impl Acceptor {
             .builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
-        let connection = graceful.watch(connection);
+        // The connection runs on a task of its own, woken by its sockets
+        // alone; its watchdogs on another, which closes it by aborting
+        // that task. (Polled together, each wake-up of the connection, a
+        // streamed chunk, say, polled the watchdogs' timer and `Notify`
+        // too: the largest cost of the sidecar's own per chunk.)
+        let mut connection = tokio::spawn(graceful.watch(connection));
         tokio::spawn(async move {
             let _permit = permit;
-            tokio::select! {
-                ended = connection => if let Err(error) = ended {
-                    tracing::debug!("connection ended with an error: {error}");
-                },
-                () = activity.expired(&limits) => {
-                    tracing::debug!("closed a connection silent for too long");
+            let slow_reader = tokio::select! {
+                ended = &mut connection => {
+                    match ended {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => {
+                            tracing::debug!("connection ended with an error: {error}");
+                        }
+                        Err(error) => tracing::warn!("a connection's task failed: {error}"),
+                    }
+                    return;
                 }
-                () = stall.exceeded(limits.slow_reader_timeout) => {
-                    tracing::info!(
-                        "closed a connection whose client read nothing for {} s",
-                        limits.slow_reader_timeout.as_secs_f64()
-                    );
-                }
+                () = activity.expired(&limits) => false,
+                () = stall.exceeded(limits.slow_reader_timeout) => true,
+            };
+            connection.abort();
+            // The permit is held until the connection is dropped.
+            let _ = connection.await;
+            if slow_reader {
+                tracing::info!(
+                    "closed a connection whose client read nothing for {} s",
+                    limits.slow_reader_timeout.as_secs_f64()
+                );
+            } else {
+                tracing::debug!("closed a connection silent for too long");
             }
         });
     }

@@ -296,8 +296,11 @@ fn engine_client(options: &UpstreamOptions) -> Client<HttpConnector, Body> {
     builder.build(connector)
 }
 
+/// How many names [`HOP_BY_HOP`] holds: a bit each in `remove_hop_by_hop`.
+const HOP_BY_HOP_NAMES: usize = 8;
+
 /// Headers meaningful for one connection only (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; HOP_BY_HOP_NAMES] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -309,37 +312,52 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the (few) names: most messages hold at most one of
-    // these, and a map without them is left alone.
-    if !headers
-        .keys()
-        .any(|name| HOP_BY_HOP.contains(name) || name == header::TE)
-    {
+    // One pass over the (few) names notes which are there: most messages
+    // hold none (the map is left alone) or one (`connection: keep-alive`),
+    // and only those are removed, each a hashed lookup.
+    const TE_BIT: u16 = 1 << HOP_BY_HOP_NAMES;
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(index) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present |= 1 << index;
+        } else if name == header::TE {
+            present |= TE_BIT;
+        }
+    }
+    if present == 0 {
         return;
     }
-    // The headers `Connection` names; nothing allocated without one.
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
+    // The headers `Connection` names (`HOP_BY_HOP[0]`), looked up by the
+    // token itself: nothing allocated but the list of its values (each a
+    // reference count), which lets the map change.
+    if present & 1 != 0 {
+        let values: Vec<HeaderValue> = headers
             .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        for token in values
             .iter()
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .collect();
-        for name in &named {
+        {
+            // A token that is no header name finds nothing.
+            headers.remove(token.trim());
+        }
+    }
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
             headers.remove(name);
         }
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
     // `te: trailers` is end to end in practice (gRPC needs it); any other
     // transfer coding is this connection's.
-    let trailers_only = headers
-        .get_all(header::TE)
-        .iter()
-        .all(|value| value.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    if !trailers_only {
+    if present & TE_BIT != 0
+        && !headers
+            .get_all(header::TE)
+            .iter()
+            .all(|value| value.as_bytes().eq_ignore_ascii_case(b"trailers"))
+    {
         headers.remove(header::TE);
     }
 }
@@ -587,6 +605,22 @@ mod tests {
         let mut left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["authorization", "content-type"]);
+
+        // Tokens that name no header (empty, invalid, long, in capitals)
+        // find nothing and break nothing; a named `te` goes whatever its
+        // value.
+        let mut odd = HeaderMap::new();
+        let long = "x".repeat(200);
+        let connection = format!("close, , bad name, X-Secret, {long}, te");
+        odd.insert(header::CONNECTION, connection.parse().unwrap());
+        odd.append(header::CONNECTION, "x-other".parse().unwrap());
+        odd.insert("x-secret", "1".parse().unwrap());
+        odd.insert("x-other", "1".parse().unwrap());
+        odd.insert(header::TE, "trailers".parse().unwrap());
+        odd.insert(header::ACCEPT, "*/*".parse().unwrap());
+        remove_hop_by_hop(&mut odd);
+        let left: Vec<_> = odd.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["accept"]);
 
         let mut grpc = HeaderMap::new();
         grpc.insert(header::TE, "trailers".parse().unwrap());

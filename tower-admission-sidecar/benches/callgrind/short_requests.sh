@@ -13,46 +13,16 @@
 # Needs valgrind and nginx (Debian: apt-get install valgrind nginx-light)
 # and python3. N=1000 requests (after 300 to warm up) on one keep-alive
 # connection, sequentially; each binary given is measured (default:
-# target/release/tower-admission).
-set -euo pipefail
+# target/release/tower-admission), with SIDECAR_ARGS added to its flags. KEEP=DIR keeps each callgrind dump there
+# for `callgrind_annotate --inclusive=yes`.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
+source "$ROOT/tower-admission-sidecar/benches/callgrind/common.sh"
 N=${N:-1000}
-NGINX=${NGINX:-/usr/sbin/nginx}
 [ $# -gt 0 ] || set -- "$ROOT/target/release/tower-admission"
-command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
-[ -x "$NGINX" ] || { echo "needs nginx at $NGINX" >&2; exit 1; }
-WORK=$(mktemp -d)
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 ENGINE_PORT=$(free_port); PROXY_PORT=$(free_port); SIDECAR_PORT=$(free_port)
 
-nginx_conf() { # NAME BODY: a single-process nginx configuration
-  mkdir -p "$WORK/$1"
-  cat > "$WORK/$1/nginx.conf" <<CONF
-worker_processes 1;
-master_process off;
-daemon off;
-error_log $WORK/$1/error.log;
-pid $WORK/$1/nginx.pid;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/$1/body;
-  proxy_temp_path $WORK/$1/proxy;
-  fastcgi_temp_path $WORK/$1/fcgi;
-  uwsgi_temp_path $WORK/$1/uwsgi;
-  scgi_temp_path $WORK/$1/scgi;
-  $2
-}
-CONF
-}
 nginx_conf engine "server { listen 127.0.0.1:$ENGINE_PORT; location / { default_type application/json; return 200 '{\"id\":\"x\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}'; } }"
-nginx_conf proxy "upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 512; }
-  server { listen 127.0.0.1:$PROXY_PORT; location / { proxy_pass http://engine; proxy_http_version 1.1;
-    proxy_set_header Connection \"\"; proxy_buffering off; proxy_request_buffering off; } }"
+nginx_proxy_conf
 
 "$NGINX" -c "$WORK/engine/nginx.conf" -p "$WORK/engine" >/dev/null 2>&1 &
 pids+=($!)
@@ -78,36 +48,15 @@ for _ in range(n):
         sys.exit(f"status {r.status}")
 PY
 
-until_up() { for _ in $(seq 1 120); do python3 "$WORK/client.py" "$1" 1 2>/dev/null && return 0; sleep 0.5; done; echo "port $1 never answered" >&2; exit 1; }
-
-# LABEL PORT COMMAND...: the instructions of COMMAND's process while it
-# serves N requests, after a warm-up, zeroed and dumped by callgrind_control.
-measure() {
-  local label=$1 port=$2 key=$((++measured)); shift 2
-  valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$key.%p" "$@" >"$WORK/$key.log" 2>&1 &
-  local pid=$!
-  pids+=("$pid")
-  until_up "$port"
-  python3 "$WORK/client.py" "$port" 300
-  callgrind_control -z "$pid" >/dev/null 2>&1
-  python3 "$WORK/client.py" "$port" "$N"
-  callgrind_control -d "$pid" >/dev/null 2>&1
-  kill -TERM "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  local file total
-  file=$(ls -t "$WORK"/cg."$key".*.1 | head -n 1)
-  total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-  printf '| %s | %d | %d |\n' "$label" "$total" "$((total / N))"
-}
-
-measured=0
-until_up "$ENGINE_PORT"
+client() { echo "python3 $WORK/client.py $1 $2"; }
+until_up python3 "$WORK/client.py" "$ENGINE_PORT" 1
 echo "user-space instructions per short request (callgrind; $N sequential POSTs on one keep-alive connection, after 300 to warm up)"
 echo
 echo "| proxy | instructions | per request |"
 echo "|---|---:|---:|"
-measure nginx "$PROXY_PORT" "$NGINX" -c "$WORK/proxy/nginx.conf" -p "$WORK/proxy"
+measure nginx "$N" "$(client "$PROXY_PORT" 300)" "$(client "$PROXY_PORT" "$N")" -- \
+  "$NGINX" -c "$WORK/proxy/nginx.conf" -p "$WORK/proxy"
 for binary in "$@"; do
-  measure "sidecar $binary" "$SIDECAR_PORT" \
-    "$binary" --listen "127.0.0.1:$SIDECAR_PORT" --upstream "http://127.0.0.1:$ENGINE_PORT" --max-num-seqs 64
+  measure "sidecar $binary ${SIDECAR_ARGS:-}" "$N" "$(client "$SIDECAR_PORT" 300)" "$(client "$SIDECAR_PORT" "$N")" -- \
+    "$binary" --listen "127.0.0.1:$SIDECAR_PORT" --upstream "http://127.0.0.1:$ENGINE_PORT" --max-num-seqs 64 ${SIDECAR_ARGS:-}
 done
