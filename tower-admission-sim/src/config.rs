@@ -50,6 +50,7 @@ impl StepTime {
 /// |---|---|---|
 /// | `max_num_seqs` | 256 | vLLM's `max_num_seqs` (BLIS's default too) |
 /// | `max_num_batched_tokens` | 2048 | vLLM's chunked-prefill budget (BLIS's default); small chunks keep decodes flowing while long prompts prefill |
+/// | `long_prefill_token_threshold` | 0 (off) | vLLM's default; when set, a request's prefill chunk in one step is at most this many tokens while any other request is running or waiting |
 /// | `block_size` | 16 | vLLM's KV block size |
 /// | `kv_blocks` | 24 000 | 384 000 tokens: Llama 3.1 8B keeps 128 KiB of KV per token (32 layers × 8 KV heads × 128 × K,V × 2 bytes), and an 80 GB H100 at `gpu_memory_utilization` 0.9 has about 47 GiB left after the weights and activations |
 /// | `step_time` | [`StepTime::default`] | |
@@ -68,6 +69,15 @@ pub struct EngineConfig {
     /// Token budget of one step, shared by decodes (one token each) and
     /// prefill chunks (vLLM's `max_num_batched_tokens`).
     pub max_num_batched_tokens: usize,
+    /// The most prompt (or recomputed) tokens one request computes in a
+    /// step, 0 for no cap: vLLM's `--long-prefill-token-threshold`, which
+    /// keeps one long prompt from taking a step's whole token budget. Like
+    /// vLLM's V1 scheduler, the cap holds only when more than one request
+    /// is running or waiting at the start of the step ("there is no other
+    /// request for it to starve"); a decode (one token) is never capped.
+    /// vLLM's adaptive variant (a floor at the budget's fair share,
+    /// `long_prefill_token_threshold_adaptive`) is not modelled.
+    pub long_prefill_token_threshold: usize,
     /// Tokens per KV block.
     pub block_size: usize,
     /// KV blocks of one rank.
@@ -88,6 +98,7 @@ impl Default for EngineConfig {
         EngineConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
+            long_prefill_token_threshold: 0,
             block_size: 16,
             kv_blocks: 24_000,
             step_time: StepTime::default(),

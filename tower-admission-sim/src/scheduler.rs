@@ -8,14 +8,15 @@
 //!
 //! 1. Running requests, oldest first, each get their next chunk: one token
 //!    for a decoding request, up to the remaining token budget for one that
-//!    is (re)computing its prompt. A chunk first needs KV blocks for every
+//!    is (re)computing its prompt (and up to the long-prefill threshold, if
+//!    one is set and more than one request is running or waiting). A chunk first needs KV blocks for every
 //!    token it computes; when there are not enough, the newest running
 //!    request is preempted (it loses its KV and goes back to the front of
 //!    the waiting queue, to be recomputed), until the chunk fits or the
 //!    request itself was the newest.
 //! 2. If nothing was preempted, waiting requests, oldest first, join while
 //!    there is a free slot (`max_num_seqs`), token budget, and KV for their
-//!    first chunk.
+//!    first chunk (capped at the threshold like the others).
 //!
 //! When a request's last prefill chunk completes it samples its first token;
 //! every later step samples one more. A request ends when it has sampled
@@ -89,6 +90,8 @@ pub(crate) struct Occupancy {
 pub(crate) struct Scheduler<P> {
     max_num_seqs: usize,
     max_num_batched_tokens: usize,
+    /// [`EngineConfig::long_prefill_token_threshold`]: 0 for no cap.
+    long_prefill_token_threshold: usize,
     block_size: usize,
     kv_blocks: usize,
     free_blocks: usize,
@@ -104,6 +107,7 @@ impl<P> Scheduler<P> {
         Scheduler {
             max_num_seqs: config.max_num_seqs,
             max_num_batched_tokens: config.max_num_batched_tokens,
+            long_prefill_token_threshold: config.long_prefill_token_threshold,
             block_size: config.block_size,
             kv_blocks: config.kv_blocks,
             free_blocks: config.kv_blocks,
@@ -173,11 +177,20 @@ impl<P> Scheduler<P> {
     pub(crate) fn schedule(&mut self) -> Batch {
         let mut batch = Batch::default();
         let mut budget = self.max_num_batched_tokens;
+        // vLLM's V1 scheduler counts the requests once, before the step:
+        // alone, a request may take the whole budget, as nobody starves.
+        let max_chunk = if self.long_prefill_token_threshold > 0
+            && self.running.len() + self.waiting.len() > 1
+        {
+            self.long_prefill_token_threshold
+        } else {
+            usize::MAX
+        };
 
         let mut index = 0;
         while index < self.running.len() && budget > 0 {
             let seq = &self.running[index];
-            let chunk = seq.uncomputed().min(budget);
+            let chunk = seq.uncomputed().min(max_chunk).min(budget);
             let needed = self.blocks_for(seq.computed + chunk) - seq.blocks;
             while needed > self.free_blocks && self.running.len() > index {
                 self.preempt_newest();
@@ -206,7 +219,7 @@ impl<P> Scheduler<P> {
                 let Some(seq) = self.waiting.front() else {
                     break;
                 };
-                let chunk = seq.uncomputed().min(budget);
+                let chunk = seq.uncomputed().min(max_chunk).min(budget);
                 let needed = self.blocks_for(chunk);
                 if needed > self.free_blocks {
                     break;
@@ -333,6 +346,75 @@ mod tests {
         let (batch, _) = step(&mut scheduler);
         assert_eq!(batch.decode_tokens, 1);
         assert_eq!(batch.prefill_tokens, 63);
+    }
+
+    /// [`config`] with vLLM's `long_prefill_token_threshold`.
+    fn capped(budget: usize, threshold: usize) -> EngineConfig {
+        EngineConfig {
+            long_prefill_token_threshold: threshold,
+            ..config(8, budget, 1000)
+        }
+    }
+
+    /// One decoding request (10-token prompt, prefilled alone), then a
+    /// 200-token prompt beside it: the prefill tokens of the next two steps.
+    fn long_prompt_beside_a_decode(threshold: usize) -> [usize; 2] {
+        let mut scheduler = Scheduler::new(&capped(64, threshold));
+        scheduler.add(1, 10, 5, 1);
+        step(&mut scheduler);
+        scheduler.add(2, 200, 5, 2);
+        [0, 1].map(|_| {
+            let (batch, _) = step(&mut scheduler);
+            assert_eq!(batch.decode_tokens, 1);
+            batch.prefill_tokens
+        })
+    }
+
+    #[test]
+    fn the_long_prefill_threshold_caps_a_prompt_chunk_while_another_request_is_present() {
+        // The new request's first chunk, then its next one while running.
+        assert_eq!(long_prompt_beside_a_decode(16), [16, 16]);
+        // Two long prompts waiting together: each chunk is capped, and the
+        // budget is left unused rather than given to either.
+        let mut scheduler = Scheduler::new(&capped(100, 30));
+        scheduler.add(1, 200, 5, 1);
+        scheduler.add(2, 200, 5, 2);
+        for _ in 0..2 {
+            let (batch, tokens) = step(&mut scheduler);
+            assert_eq!((batch.prefill_tokens, batch.decode_tokens), (60, 0));
+            assert!(tokens.is_empty());
+        }
+        // A prompt shorter than the threshold is not split.
+        let mut scheduler = Scheduler::new(&capped(100, 30));
+        scheduler.add(1, 200, 5, 1);
+        scheduler.add(2, 20, 5, 2);
+        let (batch, tokens) = step(&mut scheduler);
+        assert_eq!(batch.prefill_tokens, 50);
+        assert_eq!(tokens, [token(2, 0, false)]);
+    }
+
+    #[test]
+    fn the_long_prefill_threshold_does_not_cap_a_request_alone() {
+        // As vLLM: a lone request has nobody to starve, and takes the
+        // whole budget.
+        let mut scheduler = Scheduler::new(&capped(100, 30));
+        scheduler.add(1, 250, 3, 1);
+        let prefill: Vec<usize> = (0..3)
+            .map(|_| step(&mut scheduler).0.prefill_tokens)
+            .collect();
+        assert_eq!(prefill, [100, 100, 50]);
+        // A second request arriving makes the next step capped.
+        scheduler.add(2, 100, 3, 2);
+        step(&mut scheduler); // 1 decodes, 2 is capped at 30
+        let (batch, _) = step(&mut scheduler);
+        assert_eq!((batch.prefill_tokens, batch.decode_tokens), (30, 1));
+    }
+
+    #[test]
+    fn a_long_prefill_threshold_of_zero_caps_nothing() {
+        // The rest of the budget after the decode, as without the setting.
+        assert_eq!(long_prompt_beside_a_decode(0), [63, 63]);
+        assert_eq!(EngineConfig::default().long_prefill_token_threshold, 0);
     }
 
     #[test]
