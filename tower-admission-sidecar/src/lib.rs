@@ -238,6 +238,7 @@ mod answer;
 mod auth;
 mod body;
 pub mod capacity;
+mod engine_conn;
 mod intake;
 mod kv;
 mod limits;

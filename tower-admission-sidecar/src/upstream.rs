@@ -1,5 +1,6 @@
 //! [`Upstream`]: forwards a request to the engine and its response back,
-//! streaming both ways, over a pooled hyper client.
+//! streaming both ways, over a pool of HTTP/1.1 connections of its own
+//! ([`engine_conn`](super::engine_conn)), or hyper's pooled client for h2c.
 
 use std::cell::RefCell;
 use std::convert::Infallible;
@@ -21,6 +22,7 @@ use tower_service::Service;
 
 use super::answer::json_error;
 use super::body::Body;
+use super::engine_conn::{Pool, SendError, closed_unanswered};
 use tower_admission::http::ORIGIN;
 
 /// The engine's base URL: `http://host:port`, optionally with a path prefix
@@ -81,15 +83,29 @@ impl UpstreamUrl {
         self.with_path(path)
     }
 
-    /// The engine's URL for a request's URI: its path and query, moved
-    /// over as they are when the base URL has no path (nothing parsed,
-    /// nothing copied).
-    fn join_uri(&self, uri: Uri) -> Result<Uri, http::Error> {
-        let path = uri.into_parts().path_and_query;
-        match path {
-            Some(path) if self.prefix.is_empty() => self.with_path(path),
-            path => self.join(path.as_ref().map_or("/", PathAndQuery::as_str)),
+    /// The engine's path and query for a request's URI: moved over as
+    /// they are when the base URL has no path (nothing parsed, nothing
+    /// copied), else behind the base URL's path.
+    fn path_for(&self, uri: Uri) -> Result<PathAndQuery, http::Error> {
+        match uri.into_parts().path_and_query {
+            Some(path) if self.prefix.is_empty() => Ok(path),
+            path => {
+                let path = path.as_ref().map_or("/", PathAndQuery::as_str);
+                Ok(format!("{}{}", self.prefix, path).parse()?)
+            }
         }
+    }
+
+    /// The engine's URL for a request's URI, in absolute form (HTTP/2
+    /// carries the authority in it).
+    fn join_uri(&self, uri: Uri) -> Result<Uri, http::Error> {
+        self.with_path(self.path_for(uri)?)
+    }
+
+    /// The same in origin form, as HTTP/1.1 sends it to a server (the
+    /// authority goes in `Host`).
+    fn origin_uri(&self, uri: Uri) -> Result<Uri, http::Error> {
+        Ok(Uri::from(self.path_for(uri)?))
     }
 
     fn with_path(&self, path: PathAndQuery) -> Result<Uri, http::Error> {
@@ -188,7 +204,7 @@ impl Upstream {
     /// polls the requests.
     pub fn new(url: UpstreamUrl, options: UpstreamOptions) -> Self {
         Upstream {
-            client: Pools::Shared(Arc::new(engine_client(&options))),
+            client: Pools::Shared(engine_connections(&url, &options)),
             url: Arc::new(url),
             options,
             unreachable: Arc::new(Notify::new()),
@@ -212,16 +228,16 @@ impl Upstream {
     }
 
     /// The pool a request sent from this thread uses.
-    fn client(&self) -> Client<HttpConnector, Body> {
+    fn connections(&self) -> Connections {
         match &self.client {
-            Pools::Shared(client) => Client::clone(client),
+            Pools::Shared(connections) => connections.clone(),
             Pools::PerThread(id) => THREAD_POOLS.with_borrow_mut(|pools| {
-                if let Some((_, client)) = pools.iter().find(|(of, _)| of == id) {
-                    return client.clone();
+                if let Some((_, connections)) = pools.iter().find(|(of, _)| of == id) {
+                    return connections.clone();
                 }
-                let client = engine_client(&self.options);
-                pools.push((*id, client.clone()));
-                client
+                let connections = engine_connections(&self.url, &self.options);
+                pools.push((*id, connections.clone()));
+                connections
             }),
         }
     }
@@ -239,7 +255,12 @@ impl Upstream {
 
     fn prepare(&self, req: Request<Body>) -> Result<Request<Body>, http::Error> {
         let (mut parts, body) = req.into_parts();
-        parts.uri = self.url.join_uri(std::mem::take(&mut parts.uri))?;
+        let uri = std::mem::take(&mut parts.uri);
+        parts.uri = if self.options.h2c {
+            self.url.join_uri(uri)?
+        } else {
+            self.url.origin_uri(uri)?
+        };
         remove_hop_by_hop(&mut parts.headers);
         parts.headers.insert(header::HOST, self.url.host.clone());
         if self.options.h2c {
@@ -258,20 +279,46 @@ impl Upstream {
 #[derive(Clone)]
 enum Pools {
     /// One pool for every thread.
-    Shared(Arc<Client<HttpConnector, Body>>),
+    Shared(Connections),
     /// A pool per thread, in [`THREAD_POOLS`] under this forwarder's id.
     PerThread(u64),
+}
+
+/// The engine connections of one pool.
+#[derive(Clone)]
+enum Connections {
+    /// HTTP/1.1: a pool of our own ([`engine_conn`](super::engine_conn)).
+    Http1(Arc<Pool>),
+    /// h2c: hyper's pooled client (an HTTP/2 connection carries many
+    /// streams at once, so a task of its own drives it).
+    H2c(Arc<Client<HttpConnector, Body>>),
 }
 
 thread_local! {
     /// The engine connection pools of this thread, by the id of the
     /// [`Upstream::pool_per_thread`] forwarder they serve (one or two in a
     /// process: a short list).
-    static THREAD_POOLS: RefCell<Vec<(u64, Client<HttpConnector, Body>)>> =
+    static THREAD_POOLS: RefCell<Vec<(u64, Connections)>> =
         const { RefCell::new(Vec::new()) };
 }
 
-/// A client for the engine, with `options`' protocol and connect timeout.
+/// A pool of connections to `url` with `options`' protocol and connect
+/// timeout.
+fn engine_connections(url: &UpstreamUrl, options: &UpstreamOptions) -> Connections {
+    if options.h2c {
+        return Connections::H2c(Arc::new(engine_client(options)));
+    }
+    let authority = url.authority();
+    Connections::Http1(Arc::new(Pool::new(
+        authority.host(),
+        authority.port_u16().unwrap_or(80),
+        options.connect_timeout,
+        POOL_IDLE_TIMEOUT,
+        POOL_MAX_IDLE,
+    )))
+}
+
+/// An h2c client for the engine, with `options`' connect timeout.
 fn engine_client(options: &UpstreamOptions) -> Client<HttpConnector, Body> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -283,11 +330,12 @@ fn engine_client(options: &UpstreamOptions) -> Client<HttpConnector, Body> {
     // ran out of ports near 470 requests/s to another host. A response body
     // dropped before its end (the client left) still closes its connection,
     // never pooled, so the engine still sees the disconnect and aborts.
-    // Engines close kept-alive connections when they like (llama.cpp after
-    // each stream, or after 5 s idle, like uvicorn): idle ones are dropped
-    // here first, a request hyper never wrote is retried on another
-    // connection (hyper's retry_canceled_requests), and one written on a
-    // connection the engine had closed is sent again once (`retry_once`).
+    // Engines close kept-alive connections when they like (after 5 s idle,
+    // like uvicorn): idle ones are dropped here first, a request hyper never
+    // wrote is retried on another connection (hyper's
+    // retry_canceled_requests), and one written on a connection the engine
+    // had closed is sent again once (`retry_once`). The HTTP/1.1 pool does
+    // the same (`engine_conn::Pool::send`).
     builder
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
@@ -378,7 +426,7 @@ impl Service<Request<Body>> for Upstream {
             http_body::Body::is_end_stream(req.body()).then(|| Replayable(bytes::Bytes::new()))
         });
         let prepared = self.prepare(req);
-        let client = self.client();
+        let connections = self.connections();
         let timeout = self.options.response_timeout;
         let unreachable = Arc::clone(&self.unreachable);
         Box::pin(async move {
@@ -392,7 +440,20 @@ impl Service<Request<Body>> for Upstream {
                     ));
                 }
             };
-            let sent = retry_once(client, req, replay);
+            let sent = async move {
+                match connections {
+                    Connections::Http1(pool) => pool
+                        .send(req, move |req| {
+                            replay.map(|Replayable(bytes)| copy(req, bytes))
+                        })
+                        .await
+                        .map_err(|error| Failure::of_connection(&error)),
+                    Connections::H2c(client) => retry_once(&client, req, replay)
+                        .await
+                        .map(|response| response.map(Body::new))
+                        .map_err(|error| Failure::of_client(&error)),
+                }
+            };
             let result = match timeout {
                 Some(limit) => match tokio::time::timeout(limit, sent).await {
                     Ok(result) => result,
@@ -407,15 +468,15 @@ impl Service<Request<Body>> for Upstream {
             };
             match result {
                 Ok(response) => Ok(from_engine(response)),
-                Err(error) => {
-                    if error.is_connect() {
+                Err(failure) => {
+                    if failure.connecting() {
                         unreachable.notify_one();
                     }
-                    let answer = failed(&error);
+                    let answer = failure.answer();
                     tracing::warn!(
                         "forwarding to the engine failed, answered {}: {}",
                         answer.status().as_u16(),
-                        chain(&error)
+                        failure.message()
                     );
                     Ok(answer)
                 }
@@ -424,25 +485,27 @@ impl Service<Request<Body>> for Upstream {
     }
 }
 
-/// Sends `req`, and once more on another connection when the engine closed
-/// the first without a byte of response and the body can be sent again: a
-/// connection the engine closed as the request went out (llama.cpp closes
-/// after each stream), which the engine never read.
+/// `req` again, with `body`: the same method, URI, version and headers.
+fn copy(req: &Request<Body>, body: bytes::Bytes) -> Request<Body> {
+    let mut again = Request::new(Body::from(body));
+    *again.method_mut() = req.method().clone();
+    *again.uri_mut() = req.uri().clone();
+    *again.version_mut() = req.version();
+    *again.headers_mut() = req.headers().clone();
+    again
+}
+
+/// Sends `req` over h2c, and once more on another connection when the
+/// engine closed the first without a byte of response and the body can be
+/// sent again.
 async fn retry_once(
-    client: Client<HttpConnector, Body>,
+    client: &Client<HttpConnector, Body>,
     req: Request<Body>,
     replay: Option<Replayable>,
 ) -> Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
-    let again = replay.map(|Replayable(bytes)| {
-        let mut again = Request::new(Body::from(bytes));
-        *again.method_mut() = req.method().clone();
-        *again.uri_mut() = req.uri().clone();
-        *again.version_mut() = req.version();
-        *again.headers_mut() = req.headers().clone();
-        again
-    });
+    let again = replay.map(|Replayable(bytes)| copy(&req, bytes));
     match client.request(req).await {
-        Err(error) if closed_unanswered(&error) => match again {
+        Err(error) if client_closed_unanswered(&error) => match again {
             Some(again) => {
                 tracing::debug!(
                     "the engine closed a connection without answering: sent again ({})",
@@ -456,23 +519,16 @@ async fn retry_once(
     }
 }
 
-/// Whether the engine closed the connection before any response byte.
-fn closed_unanswered(error: &hyper_util::client::legacy::Error) -> bool {
+/// Whether the engine closed the h2c client's connection before any
+/// response byte.
+fn client_closed_unanswered(error: &hyper_util::client::legacy::Error) -> bool {
     if error.is_connect() {
         return false;
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
         if let Some(hyper) = error.downcast_ref::<hyper::Error>() {
-            if hyper.is_incomplete_message() || hyper.is_canceled() {
-                return true;
-            }
-        }
-        if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-            ) {
+            if closed_unanswered(hyper) {
                 return true;
             }
         }
@@ -481,8 +537,76 @@ fn closed_unanswered(error: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
+/// Why the engine gave no response head, and the answer that says it.
+enum Failure {
+    /// Connecting took too long: `504`.
+    ConnectTimeout(String),
+    /// The engine cannot be reached: `502`.
+    Unreachable(String),
+    /// The engine dropped the request or broke the protocol: `502`.
+    Failed(String),
+}
+
+impl Failure {
+    fn of_connection(error: &SendError) -> Failure {
+        let text = chain(error);
+        match error {
+            SendError::ConnectTimeout(_) => Failure::ConnectTimeout(text),
+            SendError::Connect(_) => Failure::Unreachable(text),
+            SendError::Closed | SendError::Engine(_) => Failure::Failed(text),
+        }
+    }
+
+    fn of_client(error: &hyper_util::client::legacy::Error) -> Failure {
+        let text = chain(error);
+        if is_timeout(error) {
+            Failure::ConnectTimeout(text)
+        } else if error.is_connect() {
+            Failure::Unreachable(text)
+        } else {
+            Failure::Failed(text)
+        }
+    }
+
+    /// Whether the engine could not be connected to (it may be
+    /// restarting).
+    fn connecting(&self) -> bool {
+        !matches!(self, Failure::Failed(_))
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Failure::ConnectTimeout(text) | Failure::Unreachable(text) | Failure::Failed(text) => {
+                text
+            }
+        }
+    }
+
+    /// `504` for an engine that did not accept the connection in time,
+    /// `502` for one that cannot be reached or dropped the request.
+    fn answer(&self) -> Response<Body> {
+        match self {
+            Failure::ConnectTimeout(text) => json_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!("connecting to the engine timed out: {text}"),
+                "upstream_timeout",
+            ),
+            Failure::Unreachable(text) => json_error(
+                StatusCode::BAD_GATEWAY,
+                &format!("the engine is unreachable: {text}"),
+                "upstream_unreachable",
+            ),
+            Failure::Failed(text) => json_error(
+                StatusCode::BAD_GATEWAY,
+                &format!("the engine failed the request: {text}"),
+                "upstream_error",
+            ),
+        }
+    }
+}
+
 /// The engine's response, ready for the client.
-fn from_engine(response: Response<hyper::body::Incoming>) -> Response<Body> {
+fn from_engine(response: Response<Body>) -> Response<Body> {
     let (mut parts, body) = response.into_parts();
     remove_hop_by_hop(&mut parts.headers);
     if parts.status.is_client_error() || parts.status.is_server_error() {
@@ -490,7 +614,7 @@ fn from_engine(response: Response<hyper::body::Incoming>) -> Response<Body> {
             .headers
             .insert(ORIGIN, HeaderValue::from_static("engine"));
     }
-    Response::from_parts(parts, Body::new(body))
+    Response::from_parts(parts, body)
 }
 
 fn timed_out(limit: Duration) -> Response<Body> {
@@ -502,24 +626,6 @@ fn timed_out(limit: Duration) -> Response<Body> {
         ),
         "upstream_timeout",
     )
-}
-
-/// `502` for an engine that cannot be reached or dropped the request,
-/// `504` for one that did not accept the connection in time.
-fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
-    if is_timeout(error) {
-        return json_error(
-            StatusCode::GATEWAY_TIMEOUT,
-            &format!("connecting to the engine timed out: {}", chain(error)),
-            "upstream_timeout",
-        );
-    }
-    if error.is_connect() {
-        let message = format!("the engine is unreachable: {}", chain(error));
-        return json_error(StatusCode::BAD_GATEWAY, &message, "upstream_unreachable");
-    }
-    let message = format!("the engine failed the request: {}", chain(error));
-    json_error(StatusCode::BAD_GATEWAY, &message, "upstream_error")
 }
 
 fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
@@ -582,6 +688,18 @@ mod tests {
             prefixed.join_uri(uri).unwrap(),
             "http://engine:8000/api/v1/models?x=1"
         );
+        // HTTP/1.1 to the engine: origin form, the authority in `Host`
+        // (llama.cpp answers an absolute-form target 404).
+        for (base, request, engine) in [
+            (&url, "/v1/models?x=1", "/v1/models?x=1"),
+            (&url, "http://sidecar:9/props", "/props"),
+            (&prefixed, "/v1/models", "/api/v1/models"),
+        ] {
+            let uri: Uri = request.parse().unwrap();
+            let origin = base.origin_uri(uri).unwrap();
+            assert_eq!(origin, engine, "{request}");
+            assert!(origin.authority().is_none(), "{request}");
+        }
         assert_eq!(url.host, "127.0.0.1:8080");
         for bad in ["https://engine", "engine:8000", "http://engine/?q=1", ""] {
             let error = UpstreamUrl::parse(bad).unwrap_err();
