@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::answer::json_error;
@@ -105,13 +105,14 @@ impl ConnectionLimits {
 
 /// What one connection is doing: requests in progress (a request counts
 /// from its complete head until its response body is done or dropped), and
-/// since when it has done nothing.
+/// since when it has done nothing. Requests only write it; the watchdog
+/// ([`expired`](Activity::expired)) reads it when its timer fires, so a
+/// request wakes no one.
 #[derive(Debug)]
 pub(crate) struct Activity {
     in_progress: AtomicUsize,
     started: AtomicBool,
     idle_since: Mutex<Instant>,
-    changed: Notify,
 }
 
 impl Activity {
@@ -120,7 +121,6 @@ impl Activity {
             in_progress: AtomicUsize::new(0),
             started: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
-            changed: Notify::new(),
         })
     }
 
@@ -128,40 +128,37 @@ impl Activity {
     pub(crate) fn begin(self: &Arc<Self>) -> InProgress {
         self.started.store(true, Ordering::Release);
         self.in_progress.fetch_add(1, Ordering::AcqRel);
-        self.changed.notify_one();
         InProgress(Arc::clone(self))
     }
 
     /// Completes when the connection has been silent too long: no
     /// complete head within `head_timeout` of accept, or no request in
-    /// progress for `idle_timeout`.
+    /// progress for `idle_timeout`. It looks when a deadline passes: before
+    /// the first head at least every idle timeout (a first request may
+    /// have come and gone), while requests are in progress every idle
+    /// timeout, and once idle at the idle timeout after the last request
+    /// ended.
     pub(crate) async fn expired(&self, limits: &ConnectionLimits) {
-        let accepted = Instant::now();
+        let no_head = Instant::now() + limits.head_timeout;
+        let mut deadline = no_head.min(Instant::now() + limits.idle_timeout);
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let deadline = if !self.started.load(Ordering::Acquire) {
-                Some(accepted + limits.head_timeout)
-            } else if self.in_progress.load(Ordering::Acquire) == 0 {
-                Some(*self.idle_since.lock().expect("never poisoned") + limits.idle_timeout)
-            } else {
-                None
-            };
-            match deadline {
-                Some(deadline) => {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(deadline) => {
-                            let idle = self.in_progress.load(Ordering::Acquire) == 0;
-                            if idle && Instant::now() >= deadline {
-                                return;
-                            }
-                        }
-                        () = &mut changed => {}
-                    }
+            tokio::time::sleep_until(deadline).await;
+            let now = Instant::now();
+            deadline = if !self.started.load(Ordering::Acquire) {
+                if now >= no_head {
+                    return;
                 }
-                None => changed.await,
-            }
+                no_head.min(now + limits.idle_timeout)
+            } else if self.in_progress.load(Ordering::Acquire) > 0 {
+                now + limits.idle_timeout
+            } else {
+                let idle_until =
+                    *self.idle_since.lock().expect("never poisoned") + limits.idle_timeout;
+                if now >= idle_until {
+                    return;
+                }
+                idle_until
+            };
         }
     }
 }
@@ -174,7 +171,6 @@ impl Drop for InProgress {
     fn drop(&mut self) {
         *self.0.idle_since.lock().expect("never poisoned") = Instant::now();
         self.0.in_progress.fetch_sub(1, Ordering::AcqRel);
-        self.0.changed.notify_one();
     }
 }
 
