@@ -30,7 +30,7 @@ pub struct ApiKeys {
 }
 
 #[derive(Clone)]
-struct Key {
+pub(crate) struct Key {
     secret: Vec<u8>,
     /// The tenant it stands for, when named.
     tenant: Option<HeaderValue>,
@@ -112,13 +112,11 @@ impl ApiKeys {
         }
     }
 
-    /// The tenant a valid key of `req` stands for: its name, or the key
-    /// hashed with this process's secret seed (`key-` and 16 hex digits),
-    /// so no log or header holds the key. `None` for a request without a
-    /// valid key.
-    pub(crate) fn tenant_of<B>(&self, req: &Request<B>) -> Option<HeaderValue> {
+    /// The tenant `key` stands for: its name, or the key hashed with this
+    /// process's secret seed (`key-` and 16 hex digits), so no log or
+    /// header holds the key.
+    pub(crate) fn tenant(&self, key: &Key) -> Option<HeaderValue> {
         use std::hash::BuildHasher;
-        let key = self.key_of(req)?;
         if let Some(tenant) = &key.tenant {
             return Some(tenant.clone());
         }
@@ -150,14 +148,26 @@ impl ApiKeys {
         matched
     }
 
-    /// The `401` for `req`, unless it may go on: a health probe, or a
-    /// valid key.
-    pub(crate) fn refusal<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
+    /// Whether `req` may go on: `Ok` with the key it presents (`None` for
+    /// a health probe without one), or `Err` for the `401`. Every key is
+    /// compared once per request.
+    pub(crate) fn check<B>(&self, req: &Request<B>) -> Result<Option<&Key>, Unauthorized> {
+        if let Some(key) = self.key_of(req) {
+            return Ok(Some(key));
+        }
         let probe = matches!(*req.method(), Method::GET | Method::HEAD)
             && matches!(req.uri().path(), "/health" | "/ping");
-        if probe || self.key_of(req).is_some() {
-            return None;
-        }
+        if probe { Ok(None) } else { Err(Unauthorized) }
+    }
+}
+
+/// A request without a valid key.
+#[derive(Debug)]
+pub(crate) struct Unauthorized;
+
+impl Unauthorized {
+    /// The `401` that says so.
+    pub(crate) fn answer(self) -> Response<Body> {
         let mut answer = json_error(
             StatusCode::UNAUTHORIZED,
             "invalid or missing API key: send it as 'Authorization: Bearer <key>'",
@@ -166,7 +176,7 @@ impl ApiKeys {
         answer
             .headers_mut()
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        Some(answer)
+        answer
     }
 }
 
@@ -209,6 +219,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl ApiKeys {
+        fn refusal<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
+            self.check(req).err().map(Unauthorized::answer)
+        }
+
+        fn tenant_of<B>(&self, req: &Request<B>) -> Option<HeaderValue> {
+            self.tenant(self.check(req).ok()??)
+        }
+    }
 
     fn with(name: &str, value: &str) -> Request<()> {
         Request::post("/v1/chat/completions")

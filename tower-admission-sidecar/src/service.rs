@@ -413,14 +413,17 @@ where
             remove_steering_headers(req.headers_mut());
         }
         if let Some(keys) = &self.api_keys {
-            if let Some(refused) = keys.refusal(&req) {
-                return Box::pin(async move { Ok(refused) });
-            }
-            if self.tenant_from_api_key {
-                if let Some(tenant) = keys.tenant_of(&req) {
-                    let name = QosHeaders::DEFAULT_TENANT_NAME;
-                    req.headers_mut().insert(name, tenant);
+            let tenant = match keys.check(&req) {
+                Err(refused) => {
+                    let answer = refused.answer();
+                    return Box::pin(async move { Ok(answer) });
                 }
+                Ok(key) if self.tenant_from_api_key => key.and_then(|key| keys.tenant(key)),
+                Ok(_) => None,
+            };
+            if let Some(tenant) = tenant {
+                req.headers_mut()
+                    .insert(QosHeaders::DEFAULT_TENANT_NAME, tenant);
             }
         }
         if *req.method() == Method::GET && req.uri().path() == "/metrics" {
