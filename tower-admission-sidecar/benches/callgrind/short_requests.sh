@@ -13,8 +13,9 @@
 # Needs valgrind and nginx (Debian: apt-get install valgrind nginx-light)
 # and python3. N=1000 requests (after 300 to warm up) on one keep-alive
 # connection, sequentially; each binary given is measured (default:
-# target/release/tower-admission), with SIDECAR_ARGS added to its flags. KEEP=DIR keeps each callgrind dump there
-# for `callgrind_annotate --inclusive=yes`.
+# target/release/tower-admission), with SIDECAR_ARGS added to its flags.
+# KEEP=DIR keeps each callgrind dump there, for `callgrind_annotate
+# --inclusive=yes`.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 source "$ROOT/tower-admission-sidecar/benches/callgrind/common.sh"
 N=${N:-1000}

@@ -15,7 +15,8 @@
 # (after 3 to warm up), one after another on one keep-alive connection;
 # paced so that each chunk is read and forwarded on its own, as a
 # generating engine's are. Each binary given is measured (default:
-# target/release/tower-admission), with SIDECAR_ARGS added to its flags. KEEP=DIR keeps the callgrind dumps.
+# target/release/tower-admission), with SIDECAR_ARGS added to its flags.
+# KEEP=DIR keeps the callgrind dumps. PACE_MS sets the engine's pace.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 source "$ROOT/tower-admission-sidecar/benches/callgrind/common.sh"
 STREAMS=${STREAMS:-20}
