@@ -15,6 +15,11 @@ prompts, output lengths) is replayed against each configuration:
                     --tenant-queue-limit
     fair            (not by default) the sidecar with API-key tenants only:
                     fair queueing, no limits
+    flood-named     (not by default) tenant-limits with the keys named
+                    (--api-key-file: `steady K1`, `flood K2`) and the
+                    flood bounded by name, --tenant-limit
+                    flood=FLOOD_REQUEST_LIMIT:FLOOD_TOKEN_LIMIT:FLOOD_QUEUE_LIMIT
+                    (by default 1 request; the rest as for every tenant)
 
 and one markdown table is printed: steady's p50/p95 TTFT (time to its first
 content chunk, measured here) before the flood and during it, steady's
@@ -31,7 +36,14 @@ Run from anywhere with a python that has aiohttp and tokenizers (aiperf's
 virtualenv has both). One vLLM (scripts/vllm/serve.sh, --max-num-seqs 4,
 16 MiB of KV: 8,192 tokens) is started for the whole run, warmed up with a
 discarded closed-loop run, and its flood capacity measured (FLOOD requests,
-4 in flight); each configuration starts once vLLM shows nothing running or
+4 in flight); VLLM_EXTRA_ARGS go to that one vLLM, so a configuration
+with vLLM's --long-prefill-token-threshold and one without are two runs
+of this script:
+
+    VLLM_EXTRA_ARGS='--long-prefill-token-threshold 256' ... noisy_tenant_vllm.py flood-named tenant-limits
+    ... noisy_tenant_vllm.py flood-named tenant-limits     # the same trace, no threshold
+
+ each configuration starts once vLLM shows nothing running or
 waiting (this client's leftover requests are cancelled after GRACE s, and
 vLLM aborts a request whose client went away). About 7-8 minutes with the
 defaults (three configurations).
@@ -67,6 +79,12 @@ Settings (environment):
                           token limit, in the sidecar's estimate (prompt
                           bytes / 4 + max_tokens), defaults to that of two
                           flood requests (a third waits)
+  FLOOD_REQUEST_LIMIT=1 FLOOD_TOKEN_LIMIT= FLOOD_QUEUE_LIMIT=
+                          flood-named: tenant flood's own limits (empty:
+                          the tenant-limits figure for every tenant)
+  VLLM_EXTRA_ARGS=        more `vllm serve` flags (split as a shell would,
+                          after serve.sh's own, so they override them), e.g.
+                          '--long-prefill-token-threshold 256'
   SIDECAR=target/release/tower-admission (from the repository's root)
   VLLM_BIN VLLM_TINY_MODEL  as scripts/vllm/serve.sh reads them
   OUT=target/noisy-tenant-vllm   logs and per-request records (JSONL)
@@ -78,6 +96,7 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -112,6 +131,8 @@ WARMUP = env_float("WARMUP", 15)
 CALIBRATE = env_float("CALIBRATE", 20)
 TENANT_REQUEST_LIMIT = int(env_float("TENANT_REQUEST_LIMIT", 3))
 TENANT_QUEUE_LIMIT = int(env_float("TENANT_QUEUE_LIMIT", 2))
+FLOOD_LIMIT = ":".join(ENV.get(f"FLOOD_{k}_LIMIT", d) for k, d in (("REQUEST", "1"), ("TOKEN", ""), ("QUEUE", ""))).rstrip(":")
+VLLM_EXTRA_ARGS = shlex.split(ENV.get("VLLM_EXTRA_ARGS", ""))
 MAX_NUM_SEQS = 4
 MAX_MODEL_LEN = 2048
 KEYS = {"steady": "K1", "flood": "K2"}
@@ -384,7 +405,7 @@ async def start_vllm():
     port = free_port()
     logf = open(OUT / "vllm.log", "w")
     proc = subprocess.Popen(
-        ["bash", str(ROOT / "scripts" / "vllm" / "serve.sh"), str(port)],
+        ["bash", str(ROOT / "scripts" / "vllm" / "serve.sh"), str(port), *VLLM_EXTRA_ARGS],
         stdout=logf,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -550,6 +571,7 @@ def print_table(rows, flood_rate, capacity, cmds, costs):
         f"tokens, {FLOOD_OUT} out)"
         + (f", {flood_rate / capacity:.1f}x the {capacity:.2f} req/s vLLM completed of them alone (4 in flight)" if capacity else "")
         + f"; {DURATION:g} s of arrivals, open requests cancelled {GRACE:g} s after"
+        + (f"; vLLM started with {shlex.join(VLLM_EXTRA_ARGS)}" if VLLM_EXTRA_ARGS else "")
     )
     print(
         f"before: steady arriving {BEFORE_FROM:g}-{FLOOD_START:g} s; during: {FLOOD_START:g}-{DURATION:g} s; "
@@ -600,6 +622,7 @@ CONFIGS = {
     "sidecar": [],
     "fair": ["--api-key", "K1", "--api-key", "K2", "--tenant-from-api-key"],
     "tenant-limits": None,  # filled in main: depends on the flood's estimate
+    "flood-named": None,  # likewise, and the key file
 }
 
 
@@ -615,12 +638,20 @@ async def main(argv):
     sample_flood = prompts.make(rng, FLOOD_PROMPT)
     costs = (estimate(sample_steady, STEADY_OUT), estimate(sample_flood, FLOOD_OUT))
     token_limit = int(env_float("TENANT_TOKEN_LIMIT", 2 * costs[1] + costs[1] // 2))
-    CONFIGS["tenant-limits"] = CONFIGS["fair"] + [
+    limits = [
         "--estimate-cost",
         "--max-model-len", str(MAX_MODEL_LEN),
         "--tenant-request-limit", str(TENANT_REQUEST_LIMIT),
         "--tenant-token-limit", str(token_limit),
         "--tenant-queue-limit", str(TENANT_QUEUE_LIMIT),
+    ]  # fmt: skip
+    CONFIGS["tenant-limits"] = CONFIGS["fair"] + limits
+    keys = OUT / "keys.txt"
+    keys.write_text("".join(f"{tenant} {key}\n" for tenant, key in KEYS.items()))
+    CONFIGS["flood-named"] = [
+        "--api-key-file", str(keys), "--tenant-from-api-key",
+        *limits,
+        "--tenant-limit", f"flood={FLOOD_LIMIT}",
     ]  # fmt: skip
     log(
         f"prompts: steady {prompts.count(sample_steady)} tokens ({len(sample_steady)} bytes), "
@@ -634,6 +665,7 @@ async def main(argv):
         t0 = time.monotonic()
         engine, engine_url = await start_vllm()
         log(f"vLLM healthy after {time.monotonic() - t0:.0f} s at {engine_url}")
+        log(f"vLLM flags beyond serve.sh's: {shlex.join(VLLM_EXTRA_ARGS) or 'none'}")
         if WARMUP > 0:
             log(f"warm-up: steady-sized requests, 4 in flight, {WARMUP:g} s (discarded)")
             await closed_loop(engine_url, lambda r: ("steady", prompts.make(r, STEADY_PROMPT), STEADY_OUT), WARMUP)
@@ -657,7 +689,7 @@ async def main(argv):
             url = engine_url
             if flags is not None:
                 sidecar, url, cmd = await start_sidecar(name, engine_url, flags)
-                cmds.append((name, "tower-admission " + " ".join(cmd[1:]).replace(engine_url, "$VLLM")))
+                cmds.append((name, "tower-admission " + " ".join(cmd[1:]).replace(engine_url, "$VLLM").replace(str(OUT), "$OUT")))
             log(f"running {name}")
             samples, halt = [], asyncio.Event()
             poller = asyncio.create_task(poll_engine(engine_url, samples, halt))
