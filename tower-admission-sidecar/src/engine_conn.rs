@@ -10,9 +10,10 @@
 //! * The response body gives its connection back to the pool once it has
 //!   ended; dropped before (the client left), the connection is closed
 //!   with it, so the engine sees the disconnect and aborts the request.
-//! * Idle connections older than the pool's idle timeout are dropped
-//!   whenever the pool is used; one the engine closed meanwhile is seen
-//!   closed when taken, and the next is tried.
+//! * Idle connections older than the pool's idle timeout are closed, by
+//!   a task that runs while there are any (and whenever the pool is
+//!   used); one the engine closed meanwhile is seen closed when taken,
+//!   and the next is tried.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -33,9 +34,7 @@ use super::body::{Body, BoxError};
 
 /// Idle HTTP/1.1 connections to one engine.
 pub(crate) struct Pool {
-    /// The most recently used at the back (taken first: its socket is
-    /// warm); the oldest at the front (expired first).
-    idle: Mutex<VecDeque<Idle>>,
+    idle: Mutex<Idle>,
     host: String,
     port: u16,
     connect_timeout: Duration,
@@ -43,7 +42,17 @@ pub(crate) struct Pool {
     max_idle: usize,
 }
 
+/// The idle connections, and whether a sweeper watches them.
+#[derive(Default)]
 struct Idle {
+    /// The most recently used at the back (taken first: its socket is
+    /// warm); the oldest at the front (expired first).
+    connections: VecDeque<Kept>,
+    /// A task drops the expired ones while there are any.
+    swept: bool,
+}
+
+struct Kept {
     send: http1::SendRequest<Body>,
     since: Instant,
 }
@@ -95,7 +104,7 @@ impl Pool {
         // An IPv6 authority is bracketed; a socket address is not.
         let host = host.trim_start_matches('[').trim_end_matches(']');
         Pool {
-            idle: Mutex::new(VecDeque::new()),
+            idle: Mutex::new(Idle::default()),
             host: host.to_owned(),
             port,
             connect_timeout,
@@ -171,8 +180,8 @@ impl Pool {
     /// closed meanwhile are dropped.
     fn take(&self) -> Option<http1::SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        self.expire(&mut idle);
-        while let Some(Idle { send, .. }) = idle.pop_back() {
+        self.expire(&mut idle.connections);
+        while let Some(Kept { send, .. }) = idle.connections.pop_back() {
             if send.is_ready() {
                 return Some(send);
             }
@@ -182,28 +191,37 @@ impl Pool {
 
     /// Keeps a connection whose response has ended for the next request,
     /// unless the pool is full or the connection closed.
-    fn put(&self, send: http1::SendRequest<Body>) {
+    fn put(self: &Arc<Self>, send: http1::SendRequest<Body>) {
         if send.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        self.expire(&mut idle);
-        if idle.len() < self.max_idle {
-            idle.push_back(Idle {
-                send,
-                since: Instant::now(),
-            });
+        self.expire(&mut idle.connections);
+        if idle.connections.len() >= self.max_idle {
+            return;
+        }
+        idle.connections.push_back(Kept {
+            send,
+            since: Instant::now(),
+        });
+        if !idle.swept {
+            // Outside a runtime (a body dropped as one shuts down) the
+            // connection is kept unwatched: the next use expires it.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                idle.swept = true;
+                runtime.spawn(sweep(Arc::downgrade(self)));
+            }
         }
     }
 
     /// Drops the connections idle for longer than the idle timeout (below
     /// the engine's own, so none is used as the engine closes it).
-    fn expire(&self, idle: &mut VecDeque<Idle>) {
-        while idle
+    fn expire(&self, connections: &mut VecDeque<Kept>) {
+        while connections
             .front()
             .is_some_and(|oldest| oldest.since.elapsed() >= self.idle_timeout)
         {
-            idle.pop_front();
+            connections.pop_front();
         }
     }
 
@@ -225,6 +243,30 @@ impl Pool {
             }
         });
         Ok(send)
+    }
+}
+
+/// Closes a pool's expired idle connections every half idle timeout, so
+/// none outlives it by more than half, until the pool has none (the next
+/// connection kept starts another sweep) or is gone.
+async fn sweep(pool: std::sync::Weak<Pool>) {
+    loop {
+        let Some(every) = pool
+            .upgrade()
+            .map(|pool| (pool.idle_timeout / 2).max(Duration::from_millis(1)))
+        else {
+            return;
+        };
+        tokio::time::sleep(every).await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        let mut idle = pool.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.expire(&mut idle.connections);
+        if idle.connections.is_empty() {
+            idle.swept = false;
+            return;
+        }
     }
 }
 
@@ -302,5 +344,82 @@ impl Drop for GivesBack {
         if http_body::Body::is_end_stream(&self.body) {
             self.give_back();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    use http_body_util::{BodyExt, Full};
+
+    /// An engine answering every request `ok`, and how many connections
+    /// it has open.
+    async fn engine() -> (u16, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&open);
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let count = Arc::clone(&count);
+                count.fetch_add(1, SeqCst);
+                tokio::spawn(async move {
+                    let ok = hyper::service::service_fn(|_| async {
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    });
+                    let served = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), ok);
+                    let _ = served.await;
+                    count.fetch_sub(1, SeqCst);
+                });
+            }
+        });
+        (port, open)
+    }
+
+    async fn get(pool: &Arc<Pool>) -> Bytes {
+        let req = Request::get("/v1/models")
+            .header(http::header::HOST, "engine")
+            .body(Body::empty())
+            .unwrap();
+        let response = pool.send(req, |_| None).await.unwrap();
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_reused_and_closed_once_it_has_idled_too_long() {
+        let (port, open) = engine().await;
+        let idle_timeout = Duration::from_millis(200);
+        let pool = Arc::new(Pool::new(
+            "127.0.0.1",
+            port,
+            Duration::from_secs(2),
+            idle_timeout,
+            8,
+        ));
+        for _ in 0..3 {
+            assert_eq!(get(&pool).await, "ok");
+        }
+        assert_eq!(open.load(SeqCst), 1, "three requests, one connection");
+        // No request comes: the sweeper closes the idle connection, and
+        // stops once the pool has none.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while open.load(SeqCst) > 0 {
+            assert!(Instant::now() < deadline, "the idle connection stayed open");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        {
+            let idle = pool.idle.lock().unwrap();
+            assert!(idle.connections.is_empty());
+            assert!(!idle.swept, "the sweeper stopped with nothing to watch");
+        }
+        // Used again, the pool connects anew and watches again.
+        assert_eq!(get(&pool).await, "ok");
+        assert_eq!(open.load(SeqCst), 1);
+        assert!(pool.idle.lock().unwrap().swept);
     }
 }

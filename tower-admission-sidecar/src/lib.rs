@@ -192,8 +192,8 @@
 //!   generating on a closed connection), and the gate releases its
 //!   capacity at once.
 //! * **Engine connections reused**: a connection whose response was read
-//!   to its end goes back to a pool (idle ones closed after 2 s, below the
-//!   engines' own 5 s), so requests leave no TIME_WAIT socket each; one the
+//!   to its end goes back to a pool (idle ones closed 2–3 s after their
+//!   last use, below the engines' own 5 s), so requests leave no TIME_WAIT socket each; one the
 //!   client left early is closed, never reused. A request the engine never
 //!   read because it closed the connection as the request went out
 //!   (llama.cpp closes after each stream) is sent again once on another
