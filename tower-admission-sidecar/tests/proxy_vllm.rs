@@ -613,21 +613,18 @@ mod two_ranks {
         rig.idle().await;
 
         // Unranked: twice one rank's sequences are admitted at once, and
-        // vLLM spreads them over both of its ranks.
+        // vLLM spreads them over both of its ranks (below: running on each;
+        // how many on which is vLLM's choice, and one may wait there).
         let sent: Vec<_> = (0..2 * SEQS)
             .map(|_| {
                 let (client, url) = (rig.client.clone(), rig.sidecar.url.clone());
-                tokio::spawn(async move { running_stream(&client, &url, &[]).await })
+                tokio::spawn(async move { admitted_stream(&client, &url, &[]).await })
             })
             .collect();
         let mut streams = Vec::new();
         for handle in sent {
-            let first_token = tokio::time::timeout(FIRST_TOKEN_PATIENCE, handle).await;
-            streams.push(
-                first_token
-                    .expect("no first token within the patience")
-                    .unwrap(),
-            );
+            let admitted = tokio::time::timeout(FIRST_TOKEN_PATIENCE, handle).await;
+            streams.push(admitted.expect("no answer within the patience").unwrap());
         }
         let gate = rig.gate().await;
         assert_eq!(

@@ -122,6 +122,18 @@ fn is_error(event: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(event).is_ok_and(|json| json.get("error").is_some())
 }
 
+/// Sends a streamed chat and returns it once its head says `200`: the gate
+/// admitted it and vLLM took it, though its first token may wait for one
+/// of vLLM's sequences (with two ranks, vLLM's API servers may put a fifth
+/// on one rank while the other has room: it waits there for a 1,900-token
+/// stream to end, minutes on these cores; a clean CI run saw it).
+async fn admitted_stream(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Sse {
+    let response = post(client, url, &chat(LONG, true), headers).await;
+    let status = response.status();
+    assert_eq!(status, 200, "{:?}", within(response.text()).await);
+    Sse::new(response).patience(PATIENCE)
+}
+
 /// How long a request sent to a busy vLLM may take to its first token.
 const FIRST_TOKEN_PATIENCE: Duration = Duration::from_secs(60);
 
